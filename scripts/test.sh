@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up (same as the demo), then run the whole test suite: the template is baked with every choice
+# of every prompt, and the generated project's own tests run, including 2-process training on CPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/python -m pytest "$@"

@@ -1,0 +1,142 @@
+"""Command line: `train`, and `recipes list|show|copy|validate` for the recipe library.
+
+Every user error ends in one line on stderr naming what is wrong and what is allowed, exit code 2.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from jsonargparse import ArgumentParser
+
+from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, load_recipe, needs_gpu, parse_recipe, recipe_parser
+
+PROG = "{{ cookiecutter.project_slug }}"
+
+
+def recipes_dir() -> Path:
+    """The project's recipe library: `recipes/` at the project root, else in the current folder."""
+    beside_source = Path(__file__).resolve().parents[2] / "recipes"
+    return beside_source if beside_source.is_dir() else Path.cwd() / "recipes"
+
+
+def find_recipe(name: str) -> Path:
+    """A recipe by library name (`cpu-debug`) or by path."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    candidate = recipes_dir() / f"{name.removesuffix('.yaml')}.yaml"
+    if candidate.is_file():
+        return candidate
+    available = ", ".join(p.stem for p in sorted(recipes_dir().glob("*.yaml"))) or "none"
+    raise RecipeError(f"recipe {name!r} not found (library recipes: {available})")
+
+
+def summary(path: Path) -> str:
+    """The first header comment line of a recipe: when to choose it."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+        if line.strip():
+            break
+    return ""
+
+
+def describe(recipe: Recipe) -> str:
+    """Where a recipe runs, in words."""
+    hardware = "GPU" if needs_gpu(recipe) else ("CPU" if recipe.accelerator == "cpu" else "GPU, or CPU if none")
+    return (
+        f"{recipe.world_size} process(es) = {recipe.devices} device(s) x {recipe.num_nodes} node(s),"
+        f" {hardware}, strategy {recipe.strategy.name}, precision {recipe.precision}"
+    )
+
+
+def list_recipes() -> None:
+    """Print the library, one line per recipe."""
+    recipes = sorted(recipes_dir().glob("*.yaml"))
+    width = max((len(p.stem) for p in recipes), default=0)
+    for path in recipes:
+        print(f"{path.stem:<{width}}  {summary(path)}")
+
+
+def show_recipe(name: str) -> None:
+    """Print a recipe file as it is."""
+    print(find_recipe(name).read_text(), end="")
+
+
+def copy_recipe(name: str, dest: str, force: bool = False) -> None:
+    """Copy a library recipe to a new file to edit."""
+    source, target = find_recipe(name), Path(dest)
+    if target.is_dir():
+        target = target / source.name
+    if target.exists() and not force:
+        raise RecipeError(f"{target} already exists (choose another destination or pass --force)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+    print(f"Copied {source.stem} to {target}; edit it, then: {PROG} train --config {target}")
+
+
+def validate_recipes(files: list[str]) -> None:
+    """Check recipe files; raises on the first invalid one."""
+    for name in files:
+        path = find_recipe(name)
+        recipe = load_recipe(path)
+        print(f"ok: {path}: {describe(recipe)}")
+
+
+def build_parser() -> ArgumentParser:
+    """The top-level parser and its subcommands."""
+    parser = ArgumentParser(prog=PROG, exit_on_error=False, description="Distributed training with Lightning Fabric.")
+    commands = parser.add_subcommands(dest="command")
+    commands.add_subcommand("train", recipe_parser(f"{PROG} train"), help="Train with a recipe and overrides.")
+
+    recipes = ArgumentParser(exit_on_error=False, description="Browse, copy and check the recipe library.")
+    commands.add_subcommand("recipes", recipes, help="The recipe library.")
+    recipe_commands = recipes.add_subcommands(dest="action")
+    recipe_commands.add_subcommand("list", ArgumentParser(exit_on_error=False), help="One line per recipe.")
+    show = ArgumentParser(exit_on_error=False)
+    show.add_argument("name", help="Recipe name or path.")
+    recipe_commands.add_subcommand("show", show, help="Print a recipe.")
+    copy = ArgumentParser(exit_on_error=False)
+    copy.add_argument("name", help="Recipe name or path.")
+    copy.add_argument("dest", help="File (or folder) to write.")
+    copy.add_argument("--force", action="store_true", help="Overwrite an existing file.")
+    recipe_commands.add_subcommand("copy", copy, help="Copy a recipe to edit.")
+    validate = ArgumentParser(exit_on_error=False)
+    validate.add_argument("files", nargs="+", help="Recipe files or names.")
+    recipe_commands.add_subcommand("validate", validate, help="Check recipes and say where they run.")
+    return parser
+
+
+def run(argv: list[str]) -> None:
+    """Dispatch a command line; raises RecipeError for user errors."""
+    if argv[:1] == ["train"]:
+        recipe = parse_recipe(argv[1:], recipe_parser(f"{PROG} train"))
+        from {{ cookiecutter.package_name }}.train import train  # imports torch: only when training
+
+        train(recipe)
+        return
+    try:
+        args = build_parser().parse_args(argv)
+    except Exception as error:  # jsonargparse's ArgumentError spans lines; keep the first
+        raise RecipeError(str(error).strip().splitlines()[0]) from None
+    action = args.recipes.action
+    if action == "list":
+        list_recipes()
+    elif action == "show":
+        show_recipe(args.recipes.show.name)
+    elif action == "copy":
+        copy_recipe(args.recipes.copy.name, args.recipes.copy.dest, args.recipes.copy.force)
+    elif action == "validate":
+        validate_recipes(args.recipes.validate.files)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point."""
+    try:
+        run(sys.argv[1:] if argv is None else argv)
+    except RecipeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,359 @@
+"""The schema of a recipe: typed dataclasses that YAML files and command-line overrides both fill.
+
+Every knob a run has is a field here. `parse_recipe` reads a recipe file plus dotted overrides
+(`--train.max_steps 20`), rejects unknown keys and bad values with one line naming the field, and
+`check_recipe` rejects combinations that cannot run (for example an impossible device layout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from jsonargparse import ActionConfigFile, ArgumentParser
+
+Precision = Literal["32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true"]
+StrategyName = Literal["ddp", "fsdp2"]
+SHARDED_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-true")
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run; the message is one line that names the field and what is allowed."""
+
+
+@dataclass
+class StrategyConfig:
+    """How the model and the work are spread over devices.
+
+    Args:
+        name: ddp (every device holds the whole model; use when model + optimizer fit on one
+            device) or fsdp2 (parameters, gradients and optimizer state sharded per transformer
+            block with torch's fully_shard; use when they do not).
+        process_group_backend: Collective backend; null picks nccl on GPUs and gloo on CPUs.
+        timeout_minutes: How long a collective may wait for the other ranks before the job fails.
+    """
+
+    name: StrategyName = "fsdp2"
+    process_group_backend: Literal["nccl", "gloo"] | None = None
+    timeout_minutes: int = 30
+
+
+@dataclass
+class ModelConfig:
+    """A decoder-only GPT; the defaults make a tiny model that trains on a laptop CPU.
+
+    Args:
+        vocab_size: Size of the token vocabulary (256 for the byte-level text data).
+        block_size: Context length in tokens.
+        n_layer: Number of transformer blocks.
+        n_head: Attention heads per block; must divide n_embd.
+        n_embd: Width of the residual stream.
+        mlp_ratio: Hidden width of the MLP as a multiple of n_embd.
+        dropout: Dropout probability (0 for pre-training).
+        bias: Whether linear and norm layers have a bias.
+    """
+
+    vocab_size: int = 256
+    block_size: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+    bias: bool = False
+
+
+@dataclass
+class DataConfig:
+    """Where the tokens come from.
+
+    Args:
+        source: embedded (a corpus made in code, offline, no download), text (a folder of .txt
+            files, byte-level tokens) or tokens (a flat binary file of token ids, read by memory map).
+        path: The folder (text) or file (tokens); unused for embedded.
+        token_dtype: Integer type of the token file (uint16 for vocabularies up to 65536).
+        val_fraction: Fraction of the tokens held out, at the end, for validation.
+    """
+
+    source: Literal["embedded", "text", "tokens"] = "embedded"
+    path: str | None = None
+    token_dtype: Literal["uint16", "uint32"] = "uint16"
+    val_fraction: float = 0.1
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation.
+
+    Args:
+        max_steps: Optimizer steps to run in total (a resumed run continues up to this number).
+        micro_batch_size: Sequences per device per forward/backward pass.
+        grad_accum_steps: Micro-batches accumulated per optimizer step; the global batch is
+            micro_batch_size * grad_accum_steps * data-parallel world size.
+        learning_rate: Peak learning rate, reached after the warmup.
+        min_learning_rate: Learning rate at the end of the cosine decay.
+        warmup_steps: Steps of linear warmup from 0 to learning_rate.
+        weight_decay: AdamW weight decay, applied to matrices only (not to norms and biases).
+        beta1: AdamW beta1.
+        beta2: AdamW beta2.
+        grad_clip: Clip the global gradient norm to this value; 0 disables clipping.
+        seed: Seed for the model initialisation and the data order.
+    """
+
+    max_steps: int = 100
+    micro_batch_size: int = 8
+    grad_accum_steps: int = 1
+    learning_rate: float = 1e-3
+    min_learning_rate: float = 1e-4
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 1337
+
+
+@dataclass
+class EvalConfig:
+    """Periodic validation.
+
+    Args:
+        every_steps: Validate every this many steps and at the end; 0 disables validation.
+        batches: Micro-batches per device in one validation pass.
+    """
+
+    every_steps: int = 50
+    batches: int = 4
+
+
+@dataclass
+class CheckpointConfig:
+    """Saving and resuming.
+
+    Args:
+        save_every_steps: Save every this many steps (and always at the end); 0 saves only at the end.
+        resume: null starts fresh; auto continues from the newest checkpoint under out_dir (fresh
+            if there is none); a path continues from that checkpoint folder.
+    """
+
+    save_every_steps: int = 50
+    resume: str | None = None
+
+
+@dataclass
+class LoggerConfig:
+    """Experiment tracking; only rank 0 logs.
+
+    Args:
+        name: wandb (offline when no API key is configured), tensorboard, csv, or none.
+        project: W&B project name.
+        run_name: Name of the run; null lets the logger choose.
+        log_every_steps: Log metrics and print a progress line every this many steps.
+    """
+
+    name: Literal["wandb", "tensorboard", "csv", "none"] = "{{ cookiecutter.logger }}"
+    project: str = "{{ cookiecutter.project_slug }}"
+    run_name: str | None = None
+    log_every_steps: int = 10
+
+
+@dataclass
+class Recipe:
+    """Everything a training run does.
+
+    Args:
+        accelerator: cpu, cuda, or auto (cuda when a GPU is visible).
+        devices: Processes (one per device) per node.
+        num_nodes: Number of nodes.
+        precision: 32-true, bf16-mixed, bf16-true, 16-mixed (GPU, ddp only) or 16-true.
+        out_dir: Folder for checkpoints and logs of this run.
+    """
+
+    accelerator: Literal["auto", "cpu", "cuda"] = "auto"
+    devices: int = 1
+    num_nodes: int = 1
+    precision: Precision = "32-true"
+    out_dir: str = "runs/default"
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+    @property
+    def world_size(self) -> int:
+        """Total number of processes."""
+        return self.devices * self.num_nodes
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved recipe as plain data (what is logged and saved beside checkpoints)."""
+        return dataclasses.asdict(self)
+
+
+def recipe_parser(prog: str = "train") -> ArgumentParser:
+    """A parser for a recipe file plus dotted command-line overrides."""
+    parser = ArgumentParser(prog=prog, exit_on_error=False, description="Train with a recipe.")
+    parser.add_argument("--config", action=ActionConfigFile, help="Recipe YAML file.")
+    parser.add_class_arguments(Recipe, nested_key=None, fail_untyped=True)
+    return parser
+
+
+def parse_recipe(argv: list[str], parser: ArgumentParser | None = None) -> Recipe:
+    """Parse and check a recipe; raises RecipeError with a one-line message."""
+    parser = parser or recipe_parser()
+    source = _config_source(argv)
+    try:
+        namespace = parser.parse_args(argv)
+    except Exception as error:  # jsonargparse raises ArgumentError; its text spans lines
+        raise RecipeError(_one_line(str(error), source)) from None
+    values = parser.instantiate(namespace).as_dict()
+    values.pop("config", None)
+    recipe = Recipe(**{f.name: values[f.name] for f in dataclasses.fields(Recipe)})
+    try:
+        check_recipe(recipe)
+    except RecipeError as error:
+        raise RecipeError(f"{source}: {error}") from None
+    return recipe
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Parse and check one recipe file."""
+    return parse_recipe(["--config", str(path)])
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """The resolved recipe as YAML that `load_recipe` reads back."""
+    return yaml.safe_dump(recipe.to_dict(), sort_keys=False)
+
+
+def check_recipe(recipe: Recipe) -> None:
+    """Reject values and combinations that cannot run, naming the field and what is allowed."""
+    at_least = {
+        "devices": (recipe.devices, 1),
+        "num_nodes": (recipe.num_nodes, 1),
+        "strategy.timeout_minutes": (recipe.strategy.timeout_minutes, 1),
+        "model.vocab_size": (recipe.model.vocab_size, 1),
+        "model.block_size": (recipe.model.block_size, 1),
+        "model.n_layer": (recipe.model.n_layer, 1),
+        "model.n_head": (recipe.model.n_head, 1),
+        "model.n_embd": (recipe.model.n_embd, 1),
+        "model.mlp_ratio": (recipe.model.mlp_ratio, 1),
+        "train.max_steps": (recipe.train.max_steps, 1),
+        "train.micro_batch_size": (recipe.train.micro_batch_size, 1),
+        "train.grad_accum_steps": (recipe.train.grad_accum_steps, 1),
+        "train.warmup_steps": (recipe.train.warmup_steps, 0),
+        "train.weight_decay": (recipe.train.weight_decay, 0),
+        "train.grad_clip": (recipe.train.grad_clip, 0),
+        "train.min_learning_rate": (recipe.train.min_learning_rate, 0),
+        "eval.every_steps": (recipe.eval.every_steps, 0),
+        "eval.batches": (recipe.eval.batches, 1),
+        "checkpoint.save_every_steps": (recipe.checkpoint.save_every_steps, 0),
+        "logger.log_every_steps": (recipe.logger.log_every_steps, 1),
+    }
+    for name, (value, minimum) in at_least.items():
+        if value < minimum:
+            raise RecipeError(f"{name}={value} must be >= {minimum}")
+    if not recipe.train.learning_rate > 0:
+        raise RecipeError(f"train.learning_rate={recipe.train.learning_rate} must be > 0")
+    if recipe.train.min_learning_rate > recipe.train.learning_rate:
+        raise RecipeError(
+            f"train.min_learning_rate={recipe.train.min_learning_rate} must not exceed"
+            f" train.learning_rate={recipe.train.learning_rate}"
+        )
+    for name, value in (("train.beta1", recipe.train.beta1), ("train.beta2", recipe.train.beta2)):
+        if not 0 <= value < 1:
+            raise RecipeError(f"{name}={value} must be in [0, 1)")
+    if not 0 <= recipe.model.dropout < 1:
+        raise RecipeError(f"model.dropout={recipe.model.dropout} must be in [0, 1)")
+    if recipe.model.n_embd % recipe.model.n_head:
+        raise RecipeError(f"model.n_head={recipe.model.n_head} does not divide model.n_embd={recipe.model.n_embd}")
+    if not 0 < recipe.data.val_fraction < 1:
+        raise RecipeError(f"data.val_fraction={recipe.data.val_fraction} must be in (0, 1)")
+    if recipe.data.source != "embedded" and not recipe.data.path:
+        raise RecipeError(f"data.path is required when data.source={recipe.data.source}")
+    if recipe.data.source == "embedded" and recipe.model.vocab_size < 256:
+        raise RecipeError(
+            f"model.vocab_size={recipe.model.vocab_size} is too small for data.source=embedded"
+            " (byte-level tokens need 256)"
+        )
+    if recipe.checkpoint.resume is not None and not recipe.checkpoint.resume.strip():
+        raise RecipeError("checkpoint.resume must be null, auto, or a checkpoint path")
+    sharded = recipe.strategy.name == "fsdp2"
+    if sharded and recipe.precision not in SHARDED_PRECISIONS:
+        raise RecipeError(
+            f"precision={recipe.precision} is not supported with strategy.name=fsdp2"
+            f" (choose {', '.join(SHARDED_PRECISIONS)})"
+        )
+    if recipe.accelerator == "cpu":
+        if recipe.precision in ("16-mixed", "16-true"):
+            raise RecipeError(
+                f"precision={recipe.precision} needs a GPU; on accelerator=cpu choose 32-true, bf16-mixed or bf16-true"
+            )
+        if recipe.strategy.process_group_backend == "nccl":
+            raise RecipeError("strategy.process_group_backend=nccl needs GPUs; use gloo or null on CPU")
+
+
+def needs_gpu(recipe: Recipe) -> bool:
+    """Whether the recipe can only run on CUDA GPUs."""
+    return recipe.accelerator == "cuda"
+
+
+def _config_source(argv: list[str]) -> str:
+    """Name of the recipe file in argv, for error messages."""
+    for index, arg in enumerate(argv):
+        if arg == "--config" and index + 1 < len(argv):
+            return f"recipe {Path(argv[index + 1]).name!r}"
+        if arg.startswith("--config="):
+            return f"recipe {Path(arg.split('=', 1)[1]).name!r}"
+    return "recipe"
+
+
+def _one_line(message: str, source: str) -> str:
+    """Condense a jsonargparse error into one line that names the field."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    text = lines[0] if lines else message
+    key = re.match(r'Parser key "([^"]+)":', text)
+    if key:
+        detail = lines[1] if len(lines) > 1 else text
+        literal = re.search(r"Literal\[(.*)\]\. Got value: (.*)", detail)
+        expected = re.search(r"Expected a <class '(\w+)'>\. Got value: (.*)", detail)
+        if key.group(1) == "config":
+            detail = detail.replace("File does not exist", "config file does not exist")
+            return detail if "File does not exist" in text else _strip(text)
+        if literal:
+            detail = f"{literal.group(2)!r} is not allowed (choose one of {literal.group(1)})"
+        elif expected:
+            detail = f"expected {expected.group(1)}, got {expected.group(2)!r}"
+        return f"{source}: {key.group(1)}: {detail}"
+    unknown = re.match(r"Option '([^']+)' is not accepted", text)
+    if unknown:
+        return f"{source}: unknown key {unknown.group(1)!r} (allowed: {_fields_of(Recipe)})"
+    nested = re.match(r"Group '([^']+)' does not accept option '([^']+)'", text)
+    if nested:
+        group, option = nested.groups()
+        allowed = _fields_of(_group_class(group))
+        return f"{source}: unknown key '{group}.{option}' (allowed in {group}: {allowed})"
+    return f"{source}: {_strip(text)}"
+
+
+def _strip(text: str) -> str:
+    return re.sub(r"^Parser key \"config\":\s*", "", text).replace("File does not exist", "file does not exist")
+
+
+def _group_class(group: str) -> Any:
+    """The dataclass behind a dotted group name such as 'strategy'."""
+    cls: Any = Recipe
+    for part in group.split("."):
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        cls = globals()[types[part]] if isinstance(types.get(part), str) else types.get(part)
+    return cls
+
+
+def _fields_of(cls: Any) -> str:
+    return ", ".join(f.name for f in dataclasses.fields(cls))

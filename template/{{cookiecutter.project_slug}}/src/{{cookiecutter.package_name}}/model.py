@@ -1,0 +1,108 @@
+"""A decoder-only GPT: token embedding, a stack of pre-norm transformer blocks, a language-model head.
+
+Sizes come from `ModelConfig`; the same code builds a tiny model for a laptop and a model of
+billions of parameters. Blocks live in `GPT.blocks` so that `parallel.py` can shard them one by one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from {{ cookiecutter.package_name }}.config import ModelConfig
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head self-attention with a causal mask (fused scaled-dot-product attention)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.head_dim = config.n_embd // config.n_head
+        self.dropout = config.dropout
+        # Separate q/k/v projections so tensor parallel can split them by heads column-wise.
+        self.q = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.k = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.v = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, time, _ = x.shape
+        # -1 heads: under tensor parallel each rank holds only its share of the heads.
+        q, k, v = (layer(x).view(batch, time, -1, self.head_dim).transpose(1, 2) for layer in (self.q, self.k, self.v))
+        dropout = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(batch, time, -1))
+
+
+class MLP(nn.Module):
+    """Two linear layers with a GELU between."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        hidden = config.mlp_ratio * config.n_embd
+        self.fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
+        self.proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block: the unit that FSDP shards and checkpointing recomputes."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.norm_attn = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.norm_mlp = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm_attn(x))
+        return x + self.mlp(self.norm_mlp(x))
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer language model."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.token_embedding = nn.Embedding(config.vocab_size, config.n_embd)
+        self.position_embedding = nn.Embedding(config.block_size, config.n_embd)
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.norm = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation; residual projections scaled down by the depth."""
+        for name, param in self.named_parameters():
+            if param.dim() < 2:
+                nn.init.zeros_(param) if name.endswith("bias") else nn.init.ones_(param)
+            elif name.endswith("proj.weight"):
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+            else:
+                nn.init.normal_(param, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits of shape (batch, time, vocab) for token ids of shape (batch, time)."""
+        time = idx.shape[1]
+        if time > self.config.block_size:
+            raise ValueError(f"sequence of {time} tokens exceeds block_size={self.config.block_size}")
+        positions = torch.arange(time, device=idx.device)
+        x = self.dropout(self.token_embedding(idx) + self.position_embedding(positions))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.norm(x))
+
+
+def count_parameters(config: ModelConfig) -> int:
+    """Number of parameters of the model a config describes, without building it."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in GPT(config).parameters())

@@ -1,0 +1,176 @@
+"""The training loop: one loop for every recipe, from a laptop CPU to many GPU nodes.
+
+Run it through the CLI (`<project> train --config recipes/cpu-debug.yaml`) or as a script under a
+launcher (`fabric run ... src/<package>/train.py --config mine.yaml`, `torchrun ...`, `srun ...`).
+Strategies differ only in `fabric_setup.py` / `parallel.py` and in the recipe.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lightning.fabric import Fabric
+from torchmetrics.aggregation import MeanMetric
+
+from {{ cookiecutter.package_name }}.checkpoint import checkpoint_root, load_checkpoint, resolve_resume, save_checkpoint
+from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, TrainConfig, dump_recipe, parse_recipe
+from {{ cookiecutter.package_name }}.data import Batch, TrainBatches, load_tokens, split_tokens, validation_batches
+from {{ cookiecutter.package_name }}.fabric_setup import build_fabric
+from {{ cookiecutter.package_name }}.model import GPT
+from {{ cookiecutter.package_name }}.observe import Throughput, build_loggers, finish_loggers, log_config, logger_location, progress_line
+
+
+def train(recipe: Recipe) -> None:
+    """Train the model the recipe describes; resumes when the recipe says so."""
+    # Everything that can reject the recipe runs before any process is launched or file written.
+    tokens = load_tokens(recipe.data)
+    train_tokens, val_tokens = split_tokens(tokens, recipe.data.val_fraction, recipe.model.block_size)
+    resume_from = resolve_resume(recipe)
+    fabric = build_fabric(recipe, build_loggers(recipe))
+
+    fabric.launch()
+    fabric.seed_everything(recipe.train.seed)
+    fabric.print(f"Recipe:\n{dump_recipe(recipe)}")
+
+    # Every rank builds the full model from the same seed; the strategy then shards or replicates it.
+    with fabric.init_module():
+        model = GPT(recipe.model)
+    model = fabric.setup_module(model)
+    optimizer = fabric.setup_optimizers(build_optimizer(model, recipe.train))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(learning_rate_factor, config=recipe.train))
+
+    batches = TrainBatches(
+        train_tokens,
+        block_size=recipe.model.block_size,
+        micro_batch_size=recipe.train.micro_batch_size,
+        grad_accum_steps=recipe.train.grad_accum_steps,
+        dp_rank=fabric.global_rank,
+        dp_size=fabric.world_size,
+        seed=recipe.train.seed,
+    )
+    val_batches = validation_batches(
+        val_tokens,
+        recipe.model.block_size,
+        recipe.train.micro_batch_size,
+        recipe.eval.batches,
+        dp_rank=fabric.global_rank,
+        dp_size=fabric.world_size,
+    )
+    state: dict[str, Any] = {
+        "model": model,
+        "optimizer": optimizer,
+        "scheduler": scheduler,
+        "data": batches,
+        "step": 0,
+        "tokens_seen": 0,
+    }
+    if resume_from is not None:
+        load_checkpoint(fabric, resume_from, state)
+        fabric.print(f"Resumed from {resume_from} at step {state['step']}")
+    elif recipe.checkpoint.resume == "auto":
+        fabric.print(f"No checkpoint under {checkpoint_root(recipe)}: starting from step 0")
+    log_config(fabric.loggers, recipe)
+
+    max_steps, accumulate = recipe.train.max_steps, recipe.train.grad_accum_steps
+    tokens_per_step = batches.global_batch_size * recipe.model.block_size
+    throughput = Throughput(state["tokens_seen"])
+    last_saved = state["step"] if resume_from is not None else -1
+    model.train()
+    while state["step"] < max_steps:
+        loss_sum = torch.zeros((), device=fabric.device)
+        for micro_step, (inputs, targets) in enumerate(batches.next_step()):
+            inputs, targets = fabric.to_device((inputs, targets))
+            # Gradients are synchronised only on the last micro-batch of the step.
+            with fabric.no_backward_sync(model, enabled=micro_step < accumulate - 1):
+                loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+                fabric.backward(loss / accumulate)
+            loss_sum += loss.detach()
+        grad_norm = None
+        if recipe.train.grad_clip > 0:
+            grad_norm = fabric.clip_gradients(model, optimizer, max_norm=recipe.train.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        state["step"] += 1
+        state["tokens_seen"] += tokens_per_step
+        step = state["step"]
+
+        if step % recipe.logger.log_every_steps == 0 or step == max_steps:
+            metrics = {
+                "train/loss": fabric.all_reduce(loss_sum / accumulate, reduce_op="mean").item(),
+                "train/lr": scheduler.get_last_lr()[0],
+                "train/tokens_per_second": throughput.tokens_per_second(state["tokens_seen"]),
+                "train/tokens_seen": float(state["tokens_seen"]),
+                "train/epoch": float(batches.epoch),
+            }
+            if grad_norm is not None:
+                metrics["train/grad_norm"] = float(
+                    grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+                )
+            fabric.log_dict(metrics, step=step)
+            fabric.print(progress_line(step, max_steps, metrics))
+        every_eval = recipe.eval.every_steps
+        if every_eval and (step % every_eval == 0 or step == max_steps):
+            val_loss = validate(fabric, model, val_batches)
+            fabric.log_dict({"val/loss": val_loss, "val/perplexity": math.exp(val_loss)}, step=step)
+            fabric.print(f"step {step}/{max_steps} | val_loss {val_loss:.4f} | val_perplexity {math.exp(val_loss):.2f}")
+        every_save = recipe.checkpoint.save_every_steps
+        if (every_save and step % every_save == 0) or step == max_steps:
+            path = save_checkpoint(fabric, recipe, state)
+            last_saved = step
+            fabric.print(f"Saved checkpoint {path}")
+
+    if last_saved != state["step"]:  # a resumed run that was already finished still leaves a checkpoint
+        save_checkpoint(fabric, recipe, state)
+    fabric.print(f"Done at step {state['step']}. Checkpoints: {checkpoint_root(recipe)}")
+    if fabric.global_rank == 0:
+        fabric.print(f"Logs: {logger_location(recipe, fabric.loggers)}")
+    finish_loggers(fabric.loggers)
+
+
+def build_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices only (not on norms and biases)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.learning_rate, betas=(config.beta1, config.beta2))
+
+
+def learning_rate_factor(step: int, config: TrainConfig) -> float:
+    """Linear warmup to the peak, then cosine decay to min_learning_rate at max_steps (a factor of the peak)."""
+    if step < config.warmup_steps:
+        return (step + 1) / (config.warmup_steps + 1)
+    progress = min(1.0, (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps))
+    floor = config.min_learning_rate / config.learning_rate
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+@torch.no_grad()
+def validate(fabric: Fabric, model: torch.nn.Module, batches: list[Batch]) -> float:
+    """Mean validation loss per token over all ranks' batches."""
+    model.eval()
+    mean_loss = MeanMetric().to(fabric.device)
+    for inputs, targets in batches:
+        inputs, targets = fabric.to_device((inputs, targets))
+        loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        mean_loss.update(loss, weight=targets.numel())
+    model.train()
+    return float(mean_loss.compute())  # compute() reduces across ranks
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Script entry point for launchers: `train.py --config recipe.yaml [--key.sub value ...]`."""
+    try:
+        train(parse_recipe(sys.argv[1:] if argv is None else argv))
+    except RecipeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Shared helpers: run the command line in a subprocess exactly as a user would."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[1]
+PACKAGE = "{{ cookiecutter.package_name }}"
+RECIPES = PROJECT / "recipes"
+
+# A model and run small enough for 2 CPU cores; every e2e test starts from cpu-debug plus these.
+TINY = [
+    "--model.n_layer",
+    "2",
+    "--model.n_embd",
+    "64",
+    "--model.n_head",
+    "2",
+    "--model.block_size",
+    "64",
+    "--train.micro_batch_size",
+    "4",
+    "--eval.batches",
+    "2",
+    "--logger.log_every_steps",
+    "1",
+]
+
+
+def cli_env() -> dict[str, str]:
+    """Environment for a CLI subprocess: the package importable, W&B offline and quiet."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT / "src"), env.get("PYTHONPATH")]))
+    env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"})
+    env.pop("WANDB_API_KEY", None)
+    return env
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run `python -m <package> ARGS` and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", PACKAGE, *args],
+        cwd=cwd or PROJECT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def read_csv_metrics(out_dir: Path) -> list[dict[str, str]]:
+    """Rows of every CSV metrics file a run wrote, in version order."""
+    rows: list[dict[str, str]] = []
+    for path in sorted(out_dir.glob("csv/version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1])):
+        with path.open() as handle:
+            rows.extend(csv.DictReader(handle))
+    return rows
+
+
+def train_losses(out_dir: Path) -> dict[int, float]:
+    """step -> logged training loss, over all runs into out_dir."""
+    return {int(row["step"]): float(row["train/loss"]) for row in read_csv_metrics(out_dir) if row.get("train/loss")}
+
+
+@pytest.fixture
+def project() -> Path:
+    """The generated project's root folder."""
+    return PROJECT

@@ -1,0 +1,132 @@
+"""A recipe is checked before anything runs: bad input gets one line naming the field, exit code 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import RECIPES, run_cli
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, check_recipe, load_recipe, parse_recipe
+
+
+def fail_with(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run the CLI in-process, assert exit code 2 and a one-line error; return that line."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("error: ")
+    return err
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_library_recipe_validates(recipe: Path) -> None:
+    assert isinstance(load_recipe(recipe), Recipe)
+
+
+def test_unknown_strategy_names_field_and_choices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = fail_with(["train", "--config", str(write(tmp_path, "strategy:\n  name: zero9\n"))], capsys)
+    assert "strategy.name" in err and "zero9" in err and "ddp" in err and "fsdp2" in err
+
+
+def test_unknown_top_level_key_is_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = fail_with(["train", "--config", str(write(tmp_path, "devicez: 2\n"))], capsys)
+    assert "devicez" in err and "devices" in err and "bad.yaml" in err
+
+
+def test_unknown_nested_key_is_rejected(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = fail_with(["train", "--config", str(write(tmp_path, "train:\n  max_step: 5\n"))], capsys)
+    assert "train.max_step" in err and "max_steps" in err
+
+
+def test_devices_must_be_an_int(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = fail_with(["train", "--config", str(write(tmp_path, "devices: two\n"))], capsys)
+    assert "devices" in err and "int" in err and "two" in err
+
+
+def test_negative_steps_from_override(capsys: pytest.CaptureFixture[str]) -> None:
+    err = fail_with(["train", "--config", str(RECIPES / "cpu-debug.yaml"), "--train.max_steps", "-5"], capsys)
+    assert "train.max_steps=-5" in err and ">= 1" in err
+
+
+def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = fail_with(["train", "--config", str(tmp_path / "nope.yaml")], capsys)
+    assert "nope.yaml" in err and "does not exist" in err
+
+
+def test_fsdp2_refuses_16_mixed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = fail_with(
+        ["train", "--config", str(write(tmp_path, "strategy:\n  name: fsdp2\nprecision: 16-mixed\n"))], capsys
+    )
+    assert "precision=16-mixed" in err and "bf16-mixed" in err
+
+
+def test_missing_resume_checkpoint_fails_before_writing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_dir = tmp_path / "run"
+    argv = [
+        "train",
+        "--config",
+        str(RECIPES / "cpu-debug.yaml"),
+        "--out_dir",
+        str(out_dir),
+        "--checkpoint.resume",
+        str(tmp_path / "missing"),
+    ]
+    err = fail_with(argv, capsys)
+    assert "checkpoint.resume" in err and "missing" in err
+    assert not out_dir.exists()
+
+
+def test_bad_input_from_the_command_line_prints_no_traceback(tmp_path: Path) -> None:
+    result = run_cli(
+        "train", "--config", str(write(tmp_path, "strategy:\n  name: zero9\n")), "--out_dir", str(tmp_path / "o")
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "strategy.name" in result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_dotted_overrides_apply_on_top_of_the_file() -> None:
+    recipe = parse_recipe(
+        ["--config", str(RECIPES / "cpu-debug.yaml"), "--train.max_steps", "7", "--strategy.name", "ddp"]
+    )
+    assert recipe.train.max_steps == 7 and recipe.strategy.name == "ddp"
+    assert recipe.devices == 2  # untouched values come from the file
+
+
+def test_print_config_shows_the_resolved_recipe() -> None:
+    result = run_cli("train", "--config", str(RECIPES / "cpu-debug.yaml"), "--train.max_steps", "7", "--print_config")
+    assert result.returncode == 0, result.stderr
+    assert "max_steps: 7" in result.stdout and "name: fsdp2" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"devices": 0}, "devices"),
+        ({"model": {"n_head": 3}}, "model.n_head"),
+        ({"data": {"val_fraction": 1.5}}, "data.val_fraction"),
+        ({"data": {"source": "tokens"}}, "data.path"),
+        ({"train": {"learning_rate": 0.0}}, "train.learning_rate"),
+    ],
+)
+def test_check_recipe_names_the_field(change: dict, field: str) -> None:
+    recipe = load_recipe(RECIPES / "cpu-debug.yaml")
+    for key, value in change.items():
+        if isinstance(value, dict):
+            for sub, subvalue in value.items():
+                setattr(getattr(recipe, key), sub, subvalue)
+        else:
+            setattr(recipe, key, value)
+    with pytest.raises(RecipeError, match=field.replace(".", r"\.")):
+        check_recipe(recipe)

@@ -1,0 +1,111 @@
+"""The data order is a pure function of (seed, samples seen): resumable and independent of the process count."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.config import DataConfig, RecipeError
+from {{ cookiecutter.package_name }}.data import TrainBatches, load_tokens, make_demo_text, split_tokens, validation_batches
+
+TOKENS = np.arange(10_000, dtype=np.int64) % 251
+
+
+def stream(
+    dp_rank: int = 0, dp_size: int = 1, accum: int = 1, micro: int = 4, tokens: np.ndarray = TOKENS
+) -> TrainBatches:
+    return TrainBatches(
+        tokens, block_size=16, micro_batch_size=micro, grad_accum_steps=accum, dp_rank=dp_rank, dp_size=dp_size, seed=7
+    )
+
+
+def step_inputs(batches: TrainBatches) -> list[torch.Tensor]:
+    return [inputs for inputs, _ in batches.next_step()]
+
+
+def test_targets_are_inputs_shifted_by_one() -> None:
+    inputs, targets = stream().next_step()[0]
+    assert inputs.shape == (4, 16) and targets.shape == (4, 16)
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])
+
+
+def test_resumed_stream_continues_the_same_sequence_across_epochs() -> None:
+    full = stream()
+    sequence = [step_inputs(full) for _ in range(400)]  # 624 windows, 4 per step: crosses two epoch boundaries
+    assert full.epoch >= 2
+    resumed = stream()
+    for _ in range(150):
+        resumed.next_step()
+    saved = resumed.state_dict()
+    fresh = stream()
+    fresh.load_state_dict(saved)
+    for expected in sequence[150:]:
+        assert all(torch.equal(a, b) for a, b in zip(step_inputs(fresh), expected, strict=False))
+
+
+def test_each_epoch_visits_every_window_once_in_a_new_order() -> None:
+    batches = stream(micro=1)
+    first = [int(step_inputs(batches)[0][0, 0]) for _ in range(batches.num_windows)]
+    second = [int(step_inputs(batches)[0][0, 0]) for _ in range(batches.num_windows)]
+    assert sorted(first) == sorted(second) == sorted(int(TOKENS[i * 16]) for i in range(batches.num_windows))
+    assert first != second
+
+
+def test_two_ranks_together_see_what_one_process_with_accumulation_sees() -> None:
+    one = stream(dp_size=1, accum=2)
+    rank0, rank1 = stream(dp_rank=0, dp_size=2), stream(dp_rank=1, dp_size=2)
+    for _ in range(5):
+        single = torch.cat(step_inputs(one))
+        both = torch.cat(step_inputs(rank0) + step_inputs(rank1))
+        assert torch.equal(single, both)
+    assert not torch.equal(
+        stream(dp_rank=0, dp_size=2).next_step()[0][0], stream(dp_rank=1, dp_size=2).next_step()[0][0]
+    )
+
+
+def test_checkpoint_from_other_data_is_refused() -> None:
+    saved = stream().state_dict()
+    with pytest.raises(RecipeError, match="training sequences"):
+        stream(tokens=TOKENS[:5000]).load_state_dict(saved)
+
+
+def test_embedded_text_is_deterministic_and_byte_level() -> None:
+    assert make_demo_text() == make_demo_text()
+    tokens = load_tokens(DataConfig())
+    assert tokens.dtype == np.uint8 and len(tokens) > 100_000
+
+
+def test_text_folder_source_reads_all_txt_files(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("hello ")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.txt").write_text("world")
+    tokens = load_tokens(DataConfig(source="text", path=str(tmp_path)))
+    assert bytes(tokens) == b"hello \n\nworld"
+
+
+def test_token_file_is_memory_mapped(tmp_path: Path) -> None:
+    ids = (np.arange(3000) * 7 % 50000).astype(np.uint16)
+    path = tmp_path / "train.bin"
+    ids.tofile(path)
+    tokens = load_tokens(DataConfig(source="tokens", path=str(path), token_dtype="uint16"))
+    assert isinstance(tokens, np.memmap) and np.array_equal(tokens, ids)
+    train, val = split_tokens(tokens, 0.1, block_size=64)
+    assert len(val) == 300 and len(train) == 2700
+
+
+def test_missing_data_paths_name_the_field(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match=r"data\.path"):
+        load_tokens(DataConfig(source="tokens", path=str(tmp_path / "none.bin")))
+    with pytest.raises(RecipeError, match=r"data\.path"):
+        load_tokens(DataConfig(source="text", path=str(tmp_path)))
+
+
+def test_validation_batches_are_disjoint_between_ranks() -> None:
+    first = validation_batches(TOKENS, 16, 4, 3, dp_rank=0, dp_size=2)
+    second = validation_batches(TOKENS, 16, 4, 3, dp_rank=1, dp_size=2)
+    starts = {int(x[i, 0]) + 1000 * b for b, (x, _) in enumerate(first) for i in range(4)}
+    assert len(first) == 3 and not any(torch.equal(a[0], b[0]) for a, b in zip(first, second, strict=False))
+    assert len(starts) == 12

@@ -1,0 +1,43 @@
+"""The generated project installs, its commands work, and its whole test suite passes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from conftest import run
+
+
+def test_generated_test_suite_passes(default_project: Path) -> None:
+    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=default_project, timeout=1800)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout
+
+
+def test_installed_console_script_and_module_entry_point(default_project: Path, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    install = run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--target",
+            str(site),
+            str(default_project),
+        ],
+        cwd=tmp_path,
+    )
+    assert install.returncode == 0, install.stderr
+    script = site / "bin" / "my-project"
+    listed = run([sys.executable, str(script), "recipes", "list"], cwd=default_project, PYTHONPATH=str(site))
+    assert listed.returncode == 0 and "fsdp2-multinode" in listed.stdout, listed.stderr
+    validated = run(
+        [sys.executable, "-m", "my_project", "recipes", "validate", "recipes/cpu-debug.yaml"],
+        cwd=default_project,
+        PYTHONPATH=str(site),
+    )
+    assert validated.returncode == 0 and "ok: recipes/cpu-debug.yaml" in validated.stdout, validated.stderr
