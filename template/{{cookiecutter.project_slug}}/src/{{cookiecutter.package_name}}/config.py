@@ -315,35 +315,26 @@ def _config_source(argv: list[str]) -> str:
 
 
 def _one_line(message: str, source: str) -> str:
-    """Condense a jsonargparse error into one line that names the field."""
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    text = lines[0] if lines else message
-    key = re.match(r'Parser key "([^"]+)":', text)
-    if key:
-        detail = lines[1] if len(lines) > 1 else text
-        literal = re.search(r"Literal\[(.*)\]\. Got value: (.*)", detail)
-        expected = re.search(r"Expected a <class '(\w+)'>\. Got value: (.*)", detail)
-        if key.group(1) == "config":
-            detail = detail.replace("File does not exist", "config file does not exist")
-            return detail if "File does not exist" in text else _strip(text)
-        if literal:
+    """Condense a jsonargparse error (often several lines) into one line that names the field."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()] or [message]
+    text = lines[0]
+    if key := re.match(r'Parser key "([^"]+)":\s*', text):
+        rest = text[key.end() :] or (lines[1] if len(lines) > 1 else "")
+        if key.group(1) == "config":  # the recipe file itself: missing or not YAML
+            return f"{source}: {rest[:1].lower()}{rest[1:]}"
+        detail = lines[1] if len(lines) > 1 else rest
+        if literal := re.search(r"Literal\[(.*)\]\. Got value: (.*)", detail):
             detail = f"{literal.group(2)!r} is not allowed (choose one of {literal.group(1)})"
-        elif expected:
+        elif expected := re.search(r"Expected a <class '(\w+)'>\. Got value: (.*)", detail):
             detail = f"expected {expected.group(1)}, got {expected.group(2)!r}"
         return f"{source}: {key.group(1)}: {detail}"
-    unknown = re.match(r"Option '([^']+)' is not accepted", text)
-    if unknown:
+    if unknown := re.match(r"Option '([^']+)' is not accepted", text):
         return f"{source}: unknown key {unknown.group(1)!r} (allowed: {_fields_of(Recipe)})"
-    nested = re.match(r"Group '([^']+)' does not accept option '([^']+)'", text)
-    if nested:
+    if nested := re.match(r"Group '([^']+)' does not accept option '([^']+)'", text):
         group, option = nested.groups()
         allowed = _fields_of(_group_class(group))
         return f"{source}: unknown key '{group}.{option}' (allowed in {group}: {allowed})"
-    return f"{source}: {_strip(text)}"
-
-
-def _strip(text: str) -> str:
-    return re.sub(r"^Parser key \"config\":\s*", "", text).replace("File does not exist", "file does not exist")
+    return f"{source}: {text}"
 
 
 def _group_class(group: str) -> Any:

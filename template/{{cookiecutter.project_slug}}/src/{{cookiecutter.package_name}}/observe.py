@@ -54,7 +54,7 @@ def logger_location(recipe: Recipe, loggers: list[Logger]) -> str:
         experiment = loggers[0].experiment
         offline = experiment.settings.mode in ("offline", "dryrun")
         mode = "offline; upload later with `wandb sync`" if offline else "online"
-        return f"W&B run {experiment.id} ({mode}): {experiment.dir}"
+        return f"W&B run {experiment.id} ({mode}): {Path(experiment.dir).parent}"
     return f"{recipe.logger.name} logs: {loggers[0].log_dir}"
 
 
