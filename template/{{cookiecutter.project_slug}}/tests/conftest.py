@@ -42,15 +42,19 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run `python -m <package> ARGS` and capture its output."""
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, fault: str = "") -> subprocess.CompletedProcess:
+    """Run `python -m <package> ARGS` in its own session (so an injected fault kills only it); capture its output."""
+    env = cli_env()
+    if fault:
+        env["TRAIN_FAULT"] = fault
     return subprocess.run(
         [sys.executable, "-m", PACKAGE, *args],
         cwd=cwd or PROJECT,
-        env=cli_env(),
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
+        start_new_session=True,
     )
 
 
@@ -61,6 +65,15 @@ def read_csv_metrics(out_dir: Path) -> list[dict[str, str]]:
         with path.open() as handle:
             rows.extend(csv.DictReader(handle))
     return rows
+
+
+def losses_by_run(out_dir: Path) -> list[dict[int, float]]:
+    """step -> training loss, one dict per run (CSV version) into out_dir."""
+    runs = []
+    for path in sorted(out_dir.glob("csv/version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1])):
+        with path.open() as handle:
+            runs.append({int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(handle) if r.get("train/loss")})
+    return runs
 
 
 def train_losses(out_dir: Path) -> dict[int, float]:

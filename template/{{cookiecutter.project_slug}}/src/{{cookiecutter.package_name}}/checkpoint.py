@@ -1,22 +1,33 @@
-"""Save, find and resume checkpoints.
+"""Checkpoints a preempted cluster job can continue from exactly.
 
-A checkpoint is a folder `<out_dir>/checkpoints/step-<step>/` holding `state` (written by
-`fabric.save`: one file under ddp, a sharded torch.distributed.checkpoint folder under fsdp2), the
-resolved recipe `config.yaml`, and `meta.json`. It is written under a temporary name and renamed
-only after every rank has finished, so a folder with the final name is always complete.
+A checkpoint is a folder `<out_dir>/checkpoints/step-<step>/`:
+  state/ or state     `fabric.save` of model, optimizer, LR scheduler, data position, counters
+                      (a torch.distributed.checkpoint folder, one shard per rank, under fsdp2;
+                      one file under ddp)
+  rng/rank-<r>.pt     torch / numpy / python (and CUDA) RNG states of every rank
+  config.yaml         the resolved recipe
+  meta.json           step, tokens, strategy, world size, and the size of every file; written last
+It is written as `step-<step>.partial` and renamed once every rank has finished, so a folder with
+the final name is complete; one whose files do not match its meta.json is skipped with a warning.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 import shutil
+import time
+import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 from lightning.fabric import Fabric
 
 from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, dump_recipe
+from {{ cookiecutter.package_name }}.faults import fault_point
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 META_FILE = "meta.json"
@@ -27,17 +38,43 @@ def checkpoint_root(recipe: Recipe) -> Path:
     return Path(recipe.out_dir) / "checkpoints"
 
 
-def is_complete(path: Path) -> bool:
-    """Whether a checkpoint folder was fully written (its metadata is written last)."""
-    return (path / META_FILE).is_file() and (path / "state").exists()
+def problem_with(path: Path) -> str | None:
+    """Why a checkpoint folder cannot be loaded, or None when it is complete."""
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+    except FileNotFoundError:
+        return f"no {META_FILE} (the save did not finish)"
+    except (OSError, ValueError) as error:
+        return f"unreadable {META_FILE} ({error})"
+    for name, size in meta.get("files", {}).items():
+        file = path / name
+        if not file.is_file():
+            return f"missing {name}"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes, {META_FILE} says {size}"
+    return None if (path / "state").exists() else "missing state"
 
 
-def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoint folders under root, oldest step first."""
+def read_meta(path: Path) -> dict[str, Any]:
+    """The metadata of a complete checkpoint."""
+    return json.loads((path / META_FILE).read_text())
+
+
+def list_checkpoints(root: Path, warn: bool = True) -> list[Path]:
+    """Complete checkpoint folders under root, oldest first; incomplete ones are skipped with a warning."""
     if not root.is_dir():
         return []
-    found = [(int(match.group(1)), path) for path in root.iterdir() if (match := STEP_DIR.match(path.name))]
-    return [path for _, path in sorted(found) if is_complete(path)]
+    found = []
+    for path in root.iterdir():
+        if match := STEP_DIR.match(path.name):
+            problem = problem_with(path)
+            if problem is None:
+                found.append((int(match.group(1)), path))
+            elif warn:
+                warnings.warn(f"skipping incomplete checkpoint {path}: {problem}", stacklevel=2)
+        elif path.name.endswith(".partial") and warn:
+            warnings.warn(f"skipping unfinished checkpoint {path} (a save was interrupted)", stacklevel=2)
+    return [path for _, path in sorted(found)]
 
 
 def find_latest(root: Path) -> Path | None:
@@ -47,53 +84,229 @@ def find_latest(root: Path) -> Path | None:
 
 
 def resolve_resume(recipe: Recipe) -> Path | None:
-    """The checkpoint a run continues from: null -> none, auto -> newest if any, else the given path."""
+    """The checkpoint a run continues from: null -> none, auto -> newest complete one if any, else the given path."""
     resume = recipe.checkpoint.resume
     if resume is None:
         return None
     if resume == "auto":
         return find_latest(checkpoint_root(recipe))
     path = Path(resume)
-    if not is_complete(path):
-        raise RecipeError(
-            f"checkpoint.resume={resume!r}: no complete checkpoint there (expected a folder such as"
-            f" {checkpoint_root(recipe) / 'step-00000050'} with state and {META_FILE})"
-        )
+    if not path.is_dir():
+        raise RecipeError(f"checkpoint.resume={resume!r}: no such checkpoint folder")
+    if problem := problem_with(path):
+        raise RecipeError(f"checkpoint.resume={resume!r}: not a complete checkpoint: {problem}")
     return path
 
 
-def save_checkpoint(fabric: Fabric, recipe: Recipe, state: dict[str, Any]) -> Path:
-    """Save model, optimizer, scheduler, data position and counters; every rank writes its shard."""
-    final = checkpoint_root(recipe) / f"step-{state['step']:08d}"
-    partial = final.with_name(final.name + ".partial")
-    if fabric.global_rank == 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-    fabric.barrier()
-    fabric.save(partial / "state", state)
-    fabric.barrier()
-    if fabric.global_rank == 0:
-        (partial / "config.yaml").write_text(dump_recipe(recipe))
-        meta = {
-            "step": state["step"],
-            "tokens_seen": state["tokens_seen"],
-            "strategy": recipe.strategy.name,
-            "world_size": fabric.world_size,
+def rng_state() -> dict[str, Any]:
+    """This process's random number generator states (only tensors and plain values: weights_only-safe)."""
+    numpy_state = np.random.get_state(legacy=False)
+    state = {
+        "python": random.getstate(),
+        "numpy": {
+            "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+            "pos": int(numpy_state["state"]["pos"]),
+            "has_gauss": int(numpy_state["has_gauss"]),
+            "gauss": float(numpy_state["gauss"]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` returned."""
+    random.setstate(state["python"])
+    numpy_state = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": "MT19937",
+            "state": {"key": numpy_state["key"].numpy().astype(np.uint32), "pos": numpy_state["pos"]},
+            "has_gauss": numpy_state["has_gauss"],
+            "gauss": numpy_state["gauss"],
         }
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Checkpointer:
+    """Saves a run's checkpoints on schedule (steps, wall time, end), keeps the newest K, optionally in the background."""
+
+    def __init__(self, fabric: Fabric, recipe: Recipe) -> None:
+        self.fabric = fabric
+        self.recipe = recipe
+        self.config = recipe.checkpoint
+        self.root = checkpoint_root(recipe)
+        self._last_save_time = time.monotonic()
+        self._pending: tuple[Any, Path, dict[str, Any]] | None = None  # (future, partial folder, meta)
+        self._process_group = None
+        if self.config.async_save:
+            # Background writes synchronise over their own group, never racing the training collectives.
+            self._process_group = torch.distributed.new_group(backend="gloo")
+
+    def due(self, step: int) -> bool:
+        """Whether to save after this step (the same answer on every rank)."""
+        if step >= self.recipe.train.max_steps:
+            return True
+        if self.config.save_every_steps and step % self.config.save_every_steps == 0:
+            return True
+        if self.config.save_every_minutes:
+            elapsed = time.monotonic() - self._last_save_time
+            return bool(self.fabric.broadcast(elapsed >= 60 * self.config.save_every_minutes))
+        return False
+
+    def save(self, state: dict[str, Any]) -> float:
+        """Write a checkpoint of `state`; return the seconds the loop was blocked."""
+        start = time.perf_counter()
+        self.wait()
+        step = state["step"]
+        final = self.root / f"step-{step:08d}"
+        partial = final.with_name(final.name + ".partial")
+        if self.fabric.global_rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            (partial / "rng").mkdir(parents=True)
+        self.fabric.barrier()
+        torch.save(rng_state(), partial / "rng" / f"rank-{self.fabric.global_rank:05d}.pt")
+        meta = {
+            "step": step,
+            "tokens_seen": state["tokens_seen"],
+            "strategy": self.recipe.strategy.name,
+            "world_size": self.fabric.world_size,
+            "time": time.time(),
+        }
+        if self.config.async_save:
+            future = _async_save_sharded(self.fabric, partial / "state", state, self._process_group)
+            self._pending = (future, partial, meta)
+        else:
+            self.fabric.save(partial / "state", state)
+            self.fabric.barrier()
+            fault_point("kill-in-save", step)
+            self._finish(partial, meta)
+            self.fabric.barrier()
+        self._last_save_time = time.monotonic()
+        return time.perf_counter() - start
+
+    def wait(self) -> None:
+        """Block until a background save has finished, then make it visible."""
+        if self._pending is None:
+            return
+        future, partial, meta = self._pending
+        self._pending = None
+        future.result()  # on the coordinator, done means every rank's shard is written
+        fault_point("kill-in-save", meta["step"])
+        self._finish(partial, meta)
+        self.fabric.barrier()
+
+    def _finish(self, partial: Path, meta: dict[str, Any]) -> None:
+        """On rank 0: record the files, rename into place, apply retention."""
+        if self.fabric.global_rank != 0:
+            return
+        (partial / "config.yaml").write_text(dump_recipe(self.recipe))
+        files = sorted(p for p in partial.rglob("*") if p.is_file())
+        meta["files"] = {str(p.relative_to(partial)): p.stat().st_size for p in files}
         (partial / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        final = partial.with_name(partial.name.removesuffix(".partial"))
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
+        if self.config.keep_last:
+            for old in list_checkpoints(self.root, warn=False)[: -self.config.keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def _async_save_sharded(fabric: Fabric, path: Path, state: dict[str, Any], process_group: Any) -> Any:
+    """Start a background torch.distributed.checkpoint save in the layout `fabric.load` reads.
+
+    Fabric has no asynchronous save; this mirrors its sharded layout (model and optimizer in DCP,
+    everything else in meta.pt from rank 0) and uses DCP's async_save, which copies to host memory
+    before returning so training may change the parameters while the files are written.
+    """
+    from lightning.fabric.strategies.model_parallel import _METADATA_FILENAME
+    from torch.distributed.checkpoint import async_save
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    model, optimizer = state["model"], state["optimizer"]
+    sharded = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+    rest = {key: value for key, value in state.items() if key not in ("model", "optimizer")}
+    rest = {key: value.state_dict() if hasattr(value, "state_dict") else value for key, value in rest.items()}
+    if fabric.global_rank == 0:
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save(rest, path / _METADATA_FILENAME)
     fabric.barrier()
-    return final
+    return async_save(sharded, checkpoint_id=path, process_group=process_group)
 
 
-def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any]) -> None:
-    """Restore `state` in place from a checkpoint folder."""
+def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any], recipe: Recipe) -> None:
+    """Restore `state` in place from a checkpoint folder, including this rank's RNG states."""
+    meta = read_meta(path)
     stateful = {key: value for key, value in state.items() if hasattr(value, "load_state_dict")}
-    fabric.load(path / "state", state, weights_only=True)
-    # Fabric's sharded (DCP) loader puts the saved dict in place of objects such as the LR
-    # scheduler instead of calling their load_state_dict; restore those objects here.
+    if recipe.strategy.name == "ddp" and (path / "state").is_dir():
+        _load_sharded_into_replicated(path / "state", state)
+    else:
+        fabric.load(path / "state", state, weights_only=True)
+    # Fabric's sharded loader puts the saved dict in place of objects such as the LR scheduler
+    # instead of calling their load_state_dict; restore those objects here.
     for key, value in stateful.items():
         if state[key] is not value:
             value.load_state_dict(state[key])
             state[key] = value
+    rng_file = path / "rng" / f"rank-{fabric.global_rank:05d}.pt"
+    if meta["world_size"] == fabric.world_size and rng_file.is_file():
+        set_rng_state(torch.load(rng_file, weights_only=True))
+    else:
+        # Another process count: per-rank streams cannot carry over; derive them from the step.
+        fabric.seed_everything(recipe.train.seed + state["step"] * 1000 + fabric.global_rank, verbose=False)
+        if fabric.global_rank == 0:
+            warnings.warn(
+                f"checkpoint {path} was saved by {meta['world_size']} processes, this run has {fabric.world_size}:"
+                " random number streams are re-seeded from the step (data order and weights carry over exactly)",
+                stacklevel=2,
+            )
+
+
+def _load_sharded_into_replicated(path: Path, state: dict[str, Any]) -> None:
+    """Load a sharded (fsdp2) checkpoint into a replicated (ddp) run: every rank reads the full state."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    full = load_sharded_state(path)
+    model = state["model"].module  # the model Fabric wrapped, without the DDP wrapper
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, full.pop("model"), options=options)
+    set_optimizer_state_dict(model, state["optimizer"].optimizer, full.pop("optimizer"), options=options)
+    for key in state.keys() - {"model", "optimizer"}:
+        if key in full:
+            state[key] = full[key]
+
+
+def load_sharded_state(path: Path) -> dict[str, Any]:
+    """A whole sharded checkpoint as one full state dict in memory, without a process group."""
+    from lightning.fabric.strategies.model_parallel import _METADATA_FILENAME
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    full: dict[str, Any] = {}
+    _load_state_dict(full, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    full.update(torch.load(path / _METADATA_FILENAME, weights_only=True))
+    return full
+
+
+def load_full_state(path: Path) -> dict[str, Any]:
+    """The full state of any checkpoint folder (sharded or not) as one dict in memory."""
+    state_path = path / "state"
+    if state_path.is_dir():
+        return load_sharded_state(state_path)
+    return torch.load(state_path, map_location="cpu", weights_only=True)
+
+
+def consolidate(path: Path, output: Path) -> dict[str, Any]:
+    """Write the model weights of a checkpoint as one file loadable with `torch.load(..., weights_only=True)`."""
+    weights = load_full_state(path)["model"]
+    output.parent.mkdir(parents=True, exist_ok=True)
+    temporary = output.with_name(output.name + ".partial")
+    torch.save(weights, temporary)
+    temporary.replace(output)
+    return weights

@@ -1,4 +1,4 @@
-"""Command line: `train`, and `recipes list|show|copy|validate` for the recipe library.
+"""Command line: `train`, `recipes list|show|copy|validate`, and `checkpoint list|inspect|consolidate`.
 
 Every user error ends in one line on stderr naming what is wrong and what is allowed, exit code 2.
 """
@@ -86,6 +86,63 @@ def validate_recipes(files: list[str]) -> None:
         print(f"ok: {path}: {describe(recipe)}")
 
 
+def folder_size(path: Path) -> int:
+    """Bytes under a folder (or of a file)."""
+    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def list_checkpoint_folders(run: str) -> None:
+    """Print every checkpoint folder of a run: step, size, complete or why not."""
+    from {{ cookiecutter.package_name }}.checkpoint import STEP_DIR, problem_with
+
+    root = Path(run)
+    root = root / "checkpoints" if (root / "checkpoints").is_dir() else root
+    if not root.is_dir():
+        raise RecipeError(f"{run!r}: no such run or checkpoints folder")
+    rows = []
+    for path in sorted(root.iterdir()):
+        match = STEP_DIR.match(path.name.removesuffix(".partial"))
+        if not match or not path.is_dir():
+            continue
+        problem = "unfinished save" if path.name.endswith(".partial") else problem_with(path)
+        status = "complete" if problem is None else f"INCOMPLETE: {problem}"
+        rows.append(f"{path.name:<24} step {int(match.group(1)):>8}  {folder_size(path) / 2**20:>10.1f} MiB  {status}")
+    print("\n".join(rows) if rows else f"no checkpoints in {root}")
+
+
+def inspect_checkpoint(name: str) -> None:
+    """Print what a checkpoint holds."""
+    from {{ cookiecutter.package_name }}.checkpoint import load_full_state, problem_with, read_meta
+
+    path = Path(name)
+    if problem := problem_with(path) if path.is_dir() else "no such folder":
+        raise RecipeError(f"{name!r}: not a complete checkpoint: {problem}")
+    meta = read_meta(path)
+    state = load_full_state(path)
+    weights = state["model"]
+    print(f"checkpoint   {path}")
+    print(f"step         {meta['step']}  (tokens seen {meta['tokens_seen']:,})")
+    print(f"saved by     {meta['strategy']} on {meta['world_size']} process(es)")
+    print(f"size         {folder_size(path) / 2**20:.1f} MiB in {len(meta['files'])} files")
+    print(f"parameters   {sum(t.numel() for t in weights.values()):,} in {len(weights)} tensors")
+    print(f"data         {state['data']}")
+    print(f"scheduler    last_epoch={state['scheduler']['last_epoch']}")
+    print(f"config       {path / 'config.yaml'}")
+
+
+def consolidate_checkpoint(name: str, output: str) -> None:
+    """Write a checkpoint's weights as one plain PyTorch file."""
+    from {{ cookiecutter.package_name }}.checkpoint import consolidate, problem_with
+
+    path = Path(name)
+    if problem := problem_with(path) if path.is_dir() else "no such folder":
+        raise RecipeError(f"{name!r}: not a complete checkpoint: {problem}")
+    weights = consolidate(path, Path(output))
+    print(f"Wrote {len(weights)} tensors ({sum(t.numel() for t in weights.values()):,} parameters) to {output}")
+    print(f"Load: model = GPT(ModelConfig(**yaml.safe_load(open('{path / 'config.yaml'}'))['model']))")
+    print(f"      model.load_state_dict(torch.load('{output}', weights_only=True))")
+
+
 def build_parser() -> ArgumentParser:
     """The top-level parser and its subcommands."""
     parser = ArgumentParser(prog=PROG, exit_on_error=False, description="Distributed training with Lightning Fabric.")
@@ -107,6 +164,20 @@ def build_parser() -> ArgumentParser:
     validate = ArgumentParser(exit_on_error=False)
     validate.add_argument("files", nargs="+", help="Recipe files or names.")
     recipe_commands.add_subcommand("validate", validate, help="Check recipes and say where they run.")
+
+    checkpoints = ArgumentParser(exit_on_error=False, description="List, inspect and consolidate checkpoints.")
+    commands.add_subcommand("checkpoint", checkpoints, help="Checkpoints of a run.")
+    checkpoint_commands = checkpoints.add_subcommands(dest="action")
+    listing = ArgumentParser(exit_on_error=False)
+    listing.add_argument("run", help="A run's out_dir or its checkpoints folder.")
+    checkpoint_commands.add_subcommand("list", listing, help="Steps, sizes, complete or not.")
+    inspect = ArgumentParser(exit_on_error=False)
+    inspect.add_argument("path", help="A checkpoint folder (step-N).")
+    checkpoint_commands.add_subcommand("inspect", inspect, help="What a checkpoint holds.")
+    consolidate = ArgumentParser(exit_on_error=False)
+    consolidate.add_argument("path", help="A checkpoint folder (step-N).")
+    consolidate.add_argument("output", help="File to write the model weights to.")
+    checkpoint_commands.add_subcommand("consolidate", consolidate, help="One weights file for plain PyTorch.")
     return parser
 
 
@@ -122,6 +193,15 @@ def run(argv: list[str]) -> None:
         args = build_parser().parse_args(argv)
     except Exception as error:  # jsonargparse's ArgumentError spans lines; keep the first
         raise RecipeError(str(error).strip().splitlines()[0]) from None
+    if args.command == "checkpoint":
+        sub = args.checkpoint
+        if sub.action == "list":
+            list_checkpoint_folders(sub.list.run)
+        elif sub.action == "inspect":
+            inspect_checkpoint(sub.inspect.path)
+        else:
+            consolidate_checkpoint(sub.consolidate.path, sub.consolidate.output)
+        return
     action = args.recipes.action
     if action == "list":
         list_recipes()

@@ -135,12 +135,19 @@ class CheckpointConfig:
     """Saving and resuming.
 
     Args:
-        save_every_steps: Save every this many steps (and always at the end); 0 saves only at the end.
-        resume: null starts fresh; auto continues from the newest checkpoint under out_dir (fresh
-            if there is none); a path continues from that checkpoint folder.
+        save_every_steps: Save every this many steps (and always at the end); 0 disables step-based saving.
+        save_every_minutes: Also save when this many minutes of wall time passed since the last save; 0 disables.
+        keep_last: Keep only the newest K complete checkpoints; 0 keeps all.
+        async_save: Write sharded checkpoints in the background (fsdp2 only); the loop blocks only for
+            the copy to host memory, and the next save or the end of training waits for the previous one.
+        resume: null starts fresh; auto continues from the newest complete checkpoint under out_dir
+            (fresh if there is none); a path continues from that checkpoint folder.
     """
 
     save_every_steps: int = 50
+    save_every_minutes: float = 0.0
+    keep_last: int = 0
+    async_save: bool = False
     resume: str | None = None
 
 
@@ -254,6 +261,8 @@ def check_recipe(recipe: Recipe) -> None:
         "eval.every_steps": (recipe.eval.every_steps, 0),
         "eval.batches": (recipe.eval.batches, 1),
         "checkpoint.save_every_steps": (recipe.checkpoint.save_every_steps, 0),
+        "checkpoint.save_every_minutes": (recipe.checkpoint.save_every_minutes, 0),
+        "checkpoint.keep_last": (recipe.checkpoint.keep_last, 0),
         "logger.log_every_steps": (recipe.logger.log_every_steps, 1),
     }
     for name, (value, minimum) in at_least.items():
@@ -285,6 +294,10 @@ def check_recipe(recipe: Recipe) -> None:
     if recipe.checkpoint.resume is not None and not recipe.checkpoint.resume.strip():
         raise RecipeError("checkpoint.resume must be null, auto, or a checkpoint path")
     sharded = recipe.strategy.name == "fsdp2"
+    if recipe.checkpoint.async_save and not sharded:
+        raise RecipeError(
+            f"checkpoint.async_save=true needs sharded checkpoints (strategy.name=fsdp2), not strategy.name={recipe.strategy.name}"
+        )
     if sharded and recipe.precision not in SHARDED_PRECISIONS:
         raise RecipeError(
             f"precision={recipe.precision} is not supported with strategy.name=fsdp2"

@@ -42,7 +42,8 @@ def build_loggers(recipe: Recipe) -> list[Logger]:
     if name == "tensorboard":
         return [TensorBoardLogger(root_dir=out_dir / "tensorboard", name=recipe.logger.run_name or "")]
     if name == "csv":
-        return [CSVLogger(root_dir=out_dir / "csv", name=recipe.logger.run_name or "")]
+        # Flush at every logging call so the metrics of a killed job survive it.
+        return [CSVLogger(root_dir=out_dir / "csv", name=recipe.logger.run_name or "", flush_logs_every_n_steps=1)]
     return []
 
 

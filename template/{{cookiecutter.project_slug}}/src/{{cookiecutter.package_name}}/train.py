@@ -17,10 +17,11 @@ import torch.nn.functional as F
 from lightning.fabric import Fabric
 from torchmetrics.aggregation import MeanMetric
 
-from {{ cookiecutter.package_name }}.checkpoint import checkpoint_root, load_checkpoint, resolve_resume, save_checkpoint
+from {{ cookiecutter.package_name }}.checkpoint import Checkpointer, checkpoint_root, load_checkpoint, resolve_resume
 from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, TrainConfig, dump_recipe, parse_recipe
 from {{ cookiecutter.package_name }}.data import Batch, TrainBatches, load_tokens, split_tokens, validation_batches
 from {{ cookiecutter.package_name }}.fabric_setup import build_fabric
+from {{ cookiecutter.package_name }}.faults import fault_point
 from {{ cookiecutter.package_name }}.model import GPT
 from {{ cookiecutter.package_name }}.observe import Throughput, build_loggers, finish_loggers, log_config, logger_location, progress_line
 
@@ -70,7 +71,7 @@ def train(recipe: Recipe) -> None:
         "tokens_seen": 0,
     }
     if resume_from is not None:
-        load_checkpoint(fabric, resume_from, state)
+        load_checkpoint(fabric, resume_from, state, recipe)
         fabric.print(f"Resumed from {resume_from} at step {state['step']}")
     elif recipe.checkpoint.resume == "auto":
         fabric.print(f"No checkpoint under {checkpoint_root(recipe)}: starting from step 0")
@@ -79,7 +80,7 @@ def train(recipe: Recipe) -> None:
     max_steps, accumulate = recipe.train.max_steps, recipe.train.grad_accum_steps
     tokens_per_step = batches.global_batch_size * recipe.model.block_size
     throughput = Throughput(state["tokens_seen"])
-    last_saved = state["step"] if resume_from is not None else -1
+    checkpointer = Checkpointer(fabric, recipe)
     model.train()
     while state["step"] < max_steps:
         loss_sum = torch.zeros((), device=fabric.device)
@@ -119,14 +120,13 @@ def train(recipe: Recipe) -> None:
             val_loss = validate(fabric, model, val_batches)
             fabric.log_dict({"val/loss": val_loss, "val/perplexity": math.exp(val_loss)}, step=step)
             fabric.print(f"step {step}/{max_steps} | val_loss {val_loss:.4f} | val_perplexity {math.exp(val_loss):.2f}")
-        every_save = recipe.checkpoint.save_every_steps
-        if (every_save and step % every_save == 0) or step == max_steps:
-            path = save_checkpoint(fabric, recipe, state)
-            last_saved = step
-            fabric.print(f"Saved checkpoint {path}")
+        if checkpointer.due(step):
+            seconds = checkpointer.save(state)
+            fabric.log_dict({"checkpoint/save_seconds": seconds}, step=step)
+            fabric.print(f"Saved checkpoint of step {step} in {seconds:.2f}s")
+        fault_point("kill-at-step", step)
 
-    if last_saved != state["step"]:  # a resumed run that was already finished still leaves a checkpoint
-        save_checkpoint(fabric, recipe, state)
+    checkpointer.wait()
     fabric.print(f"Done at step {state['step']}. Checkpoints: {checkpoint_root(recipe)}")
     if fabric.global_rank == 0:
         fabric.print(f"Logs: {logger_location(recipe, fabric.loggers)}")

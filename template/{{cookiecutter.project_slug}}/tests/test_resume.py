@@ -1,0 +1,97 @@
+"""A job killed at any point and resumed with `resume: auto` ends bitwise identical to one never interrupted."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import RECIPES, TINY, losses_by_run, read_csv_metrics, run_cli
+
+from {{ cookiecutter.package_name }}.checkpoint import consolidate, find_latest
+from {{ cookiecutter.package_name }}.data import make_demo_text
+
+pytestmark = pytest.mark.slow
+MAX_STEPS = 24
+# 6660 bytes -> 104 training windows of 64 tokens; 8 per step over 2 ranks: epoch 1 starts in step 14.
+CORPUS_BYTES = 6660
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("corpus")
+    (folder / "text.txt").write_text(make_demo_text()[: int(CORPUS_BYTES / 0.9) + 1])
+    return folder
+
+
+def args(out_dir: Path, strategy: str, corpus: Path, *extra: str) -> list[str]:
+    return [
+        "train", "--config", str(RECIPES / "cpu-debug.yaml"), *TINY,
+        "--strategy.name", strategy, "--out_dir", str(out_dir), "--logger.name", "csv",
+        "--data.source", "text", "--data.path", str(corpus), "--data.val_fraction", "0.1",
+        "--train.max_steps", str(MAX_STEPS), "--checkpoint.save_every_steps", "8", "--eval.every_steps", "6",
+        "--checkpoint.resume", "auto", *extra,
+    ]  # fmt: skip
+
+
+def final_weights(out_dir: Path) -> dict[str, torch.Tensor]:
+    latest = find_latest(out_dir / "checkpoints")
+    assert latest is not None and latest.name == f"step-{MAX_STEPS:08d}"
+    return consolidate(latest, out_dir / "weights.pt")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> dict[str, tuple[dict, dict]]:
+    """One uninterrupted run per strategy: (losses by step, final weights)."""
+    results = {}
+    for strategy in ("ddp", "fsdp2"):
+        out_dir = tmp_path_factory.mktemp(f"reference-{strategy}")
+        result = run_cli(*args(out_dir, strategy, corpus))
+        assert result.returncode == 0, result.stderr[-3000:]
+        (losses,) = losses_by_run(out_dir)
+        assert sorted(losses) == list(range(1, MAX_STEPS + 1))
+        epochs = {int(r["step"]): float(r["train/epoch"]) for r in read_csv_metrics(out_dir) if r.get("train/epoch")}
+        assert epochs[8] == epochs[13] == 0 and epochs[14] == 1  # the kill at 15 resumes across the boundary
+        results[strategy] = (losses, final_weights(out_dir))
+    return results
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.parametrize(
+    ("fault", "resumes_at"),
+    [
+        ("kill-at-step:3", None),  # early: no checkpoint yet, the rerun starts over
+        ("kill-at-step:8", 8),  # just after a save
+        ("kill-at-step:11", 8),  # mid-epoch
+        ("kill-at-step:15", 8),  # the data crossed an epoch boundary after the checkpoint
+        ("kill-in-save:16", 8),  # while writing a checkpoint: the previous one is used
+    ],
+)
+def test_killed_and_resumed_run_is_bitwise_identical(
+    tmp_path: Path, corpus: Path, reference: dict, strategy: str, fault: str, resumes_at: int | None
+) -> None:
+    expected_losses, expected_weights = reference[strategy]
+    killed = run_cli(*args(tmp_path, strategy, corpus), fault=fault)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    if fault.startswith("kill-in-save"):
+        assert (tmp_path / "checkpoints" / "step-00000016.partial").is_dir()
+
+    resumed = run_cli(*args(tmp_path, strategy, corpus))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    if resumes_at is None:
+        assert "starting from step 0" in resumed.stdout
+    else:
+        assert f"step-{resumes_at:08d} at step {resumes_at}" in resumed.stdout
+        if fault.startswith("kill-in-save"):
+            assert "skipping unfinished checkpoint" in resumed.stderr
+
+    before_kill, after_resume = losses_by_run(tmp_path)
+    kill_step = int(fault.split(":")[1])
+    assert max(before_kill) == kill_step
+    assert before_kill == {step: expected_losses[step] for step in before_kill}  # bitwise: floats compared exactly
+    first = (resumes_at or 0) + 1
+    assert after_resume == {step: expected_losses[step] for step in range(first, MAX_STEPS + 1)}
+    weights = final_weights(tmp_path)
+    assert weights.keys() == expected_weights.keys()
+    assert all(torch.equal(weights[name], expected_weights[name]) for name in weights)
