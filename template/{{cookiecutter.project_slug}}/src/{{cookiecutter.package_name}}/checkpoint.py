@@ -142,7 +142,8 @@ class Checkpointer:
         self.config = recipe.checkpoint
         self.root = checkpoint_root(recipe)
         self._last_save_time = time.monotonic()
-        self._pending: tuple[Any, Path, dict[str, Any]] | None = None  # (future, partial folder, meta)
+        # (future, partial folder or None once made visible, meta) of a background save
+        self._pending: tuple[Any, Path | None, dict[str, Any]] | None = None
         self._process_group = None
         if self.config.async_save:
             # Background writes synchronise over their own group, never racing the training collectives.
@@ -190,20 +191,30 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
         return time.perf_counter() - start
 
+    def poll(self) -> None:
+        """Make a background save visible as soon as it has finished, without blocking (call every step)."""
+        if self._pending is not None and self.fabric.global_rank == 0 and self._pending[0].done():
+            future, partial, meta = self._pending
+            future.result()  # on the coordinator, done means every rank's shard and the metadata are written
+            fault_point("kill-in-save", meta["step"])
+            self._finish(partial, meta)
+            self._pending = (future, None, meta)
+
     def wait(self) -> None:
         """Block until a background save has finished, then make it visible."""
         if self._pending is None:
             return
         future, partial, meta = self._pending
         self._pending = None
-        future.result()  # on the coordinator, done means every rank's shard is written
-        fault_point("kill-in-save", meta["step"])
-        self._finish(partial, meta)
+        future.result()
+        if partial is not None:  # not yet made visible by poll()
+            fault_point("kill-in-save", meta["step"])
+            self._finish(partial, meta)
         self.fabric.barrier()
 
-    def _finish(self, partial: Path, meta: dict[str, Any]) -> None:
+    def _finish(self, partial: Path | None, meta: dict[str, Any]) -> None:
         """On rank 0: record the files, rename into place, apply retention."""
-        if self.fabric.global_rank != 0:
+        if self.fabric.global_rank != 0 or partial is None:
             return
         (partial / "config.yaml").write_text(dump_recipe(self.recipe))
         files = sorted(p for p in partial.rglob("*") if p.is_file())
@@ -228,7 +239,7 @@ def _async_save_sharded(fabric: Fabric, path: Path, state: dict[str, Any], proce
     from torch.distributed.checkpoint import async_save
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    model, optimizer = state["model"], state["optimizer"]
+    model, optimizer = state["model"].module, state["optimizer"].optimizer  # without Fabric's wrappers
     sharded = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
     rest = {key: value for key, value in state.items() if key not in ("model", "optimizer")}
     rest = {key: value.state_dict() if hasattr(value, "state_dict") else value for key, value in rest.items()}
@@ -243,10 +254,10 @@ def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any], recipe: R
     """Restore `state` in place from a checkpoint folder, including this rank's RNG states."""
     meta = read_meta(path)
     stateful = {key: value for key, value in state.items() if hasattr(value, "load_state_dict")}
-    if recipe.strategy.name == "ddp" and (path / "state").is_dir():
-        _load_sharded_into_replicated(path / "state", state)
-    else:
+    if (path / "state").is_dir() == (recipe.strategy.name != "ddp"):
         fabric.load(path / "state", state, weights_only=True)
+    else:  # ddp -> sharded or sharded -> ddp
+        _load_across_layouts(path, state)
     # Fabric's sharded loader puts the saved dict in place of objects such as the LR scheduler
     # instead of calling their load_state_dict; restore those objects here.
     for key, value in stateful.items():
@@ -267,15 +278,37 @@ def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any], recipe: R
             )
 
 
-def _load_sharded_into_replicated(path: Path, state: dict[str, Any]) -> None:
-    """Load a sharded (fsdp2) checkpoint into a replicated (ddp) run: every rank reads the full state."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+def _load_across_layouts(path: Path, state: dict[str, Any]) -> None:
+    """Load a checkpoint saved by the other kind of strategy (replicated <-> sharded) through a full state dict.
 
-    full = load_sharded_state(path)
-    model = state["model"].module  # the model Fabric wrapped, without the DDP wrapper
+    Every rank reads the whole checkpoint into host memory, so this suits models that fit there.
+    Written here because Fabric's own ddp -> sharded path maps optimizer states by parameter order
+    and mixes them up when the optimizer has several parameter groups.
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    full = load_full_state(path)
+    model, optimizer = state["model"].module, state["optimizer"].optimizer  # without Fabric's wrappers
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, full.pop("model"), options=options)
-    set_optimizer_state_dict(model, state["optimizer"].optimizer, full.pop("optimizer"), options=options)
+    saved = full.pop("optimizer")
+    if saved["state"] and isinstance(next(iter(saved["state"])), int):  # a plain optimizer's ids -> names
+        current_groups = get_optimizer_state_dict(model, optimizer, options=options)["param_groups"]
+        names = {}
+        for saved_group, current_group in zip(saved["param_groups"], current_groups, strict=True):
+            names.update(zip(saved_group["params"], current_group["params"], strict=True))
+        saved = {
+            "state": {names[index]: value for index, value in saved["state"].items()},
+            "param_groups": [
+                {**group, "params": [names[index] for index in group["params"]]} for group in saved["param_groups"]
+            ],
+        }
+    set_optimizer_state_dict(model, optimizer, saved, options=options)
     for key in state.keys() - {"model", "optimizer"}:
         if key in full:
             state[key] = full[key]

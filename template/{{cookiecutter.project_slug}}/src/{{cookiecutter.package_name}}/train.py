@@ -120,6 +120,7 @@ def train(recipe: Recipe) -> None:
             val_loss = validate(fabric, model, val_batches)
             fabric.log_dict({"val/loss": val_loss, "val/perplexity": math.exp(val_loss)}, step=step)
             fabric.print(f"step {step}/{max_steps} | val_loss {val_loss:.4f} | val_perplexity {math.exp(val_loss):.2f}")
+        checkpointer.poll()
         if checkpointer.due(step):
             seconds = checkpointer.save(state)
             fabric.log_dict({"checkpoint/save_seconds": seconds}, step=step)

@@ -1,0 +1,93 @@
+"""Checkpoint schedule and retention, skipping of damaged checkpoints, and the checkpoint commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import RECIPES, TINY, read_csv_metrics, run_cli
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.config import ModelConfig
+from {{ cookiecutter.package_name }}.model import GPT
+
+
+def train_args(out_dir: Path, *extra: str) -> list[str]:
+    return [
+        "train", "--config", str(RECIPES / "cpu-debug.yaml"), *TINY, "--out_dir", str(out_dir),
+        "--logger.name", "csv", "--eval.every_steps", "0", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """12 steps saving by wall time (every few milliseconds), keeping the newest 2 checkpoints."""
+    out_dir = tmp_path_factory.mktemp("timed")
+    schedule = ["--checkpoint.save_every_steps", "0", "--checkpoint.save_every_minutes", "0.0001"]
+    result = run_cli(*train_args(out_dir, "--train.max_steps", "12", "--checkpoint.keep_last", "2", *schedule))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("Saved checkpoint of step") >= 4  # time-based saves, not only the final one
+    return out_dir
+
+
+@pytest.mark.slow
+def test_time_based_saves_keep_the_newest_k_and_log_save_time(run_dir: Path) -> None:
+    kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert len(kept) == 2 and kept[-1] == "step-00000012"
+    assert all(
+        float(row["checkpoint/save_seconds"]) > 0
+        for row in read_csv_metrics(run_dir)
+        if row.get("checkpoint/save_seconds")
+    )
+    assert any(row.get("checkpoint/save_seconds") for row in read_csv_metrics(run_dir))
+
+
+@pytest.mark.slow
+def test_list_inspect_and_consolidate(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    main(["checkpoint", "list", str(run_dir)])
+    listing = capsys.readouterr().out
+    assert listing.count("complete") == 2 and "step-00000012" in listing and "MiB" in listing
+
+    newest = run_dir / "checkpoints" / "step-00000012"
+    main(["checkpoint", "inspect", str(newest)])
+    assert "step         12" in capsys.readouterr().out
+
+    output = tmp_path / "weights.pt"
+    main(["checkpoint", "consolidate", str(newest), str(output)])
+    config = ModelConfig(**yaml.safe_load((newest / "config.yaml").read_text())["model"])
+    model = GPT(config)
+    model.load_state_dict(torch.load(output, weights_only=True))  # strict: every tensor present, nothing extra
+    assert model(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, config.vocab_size)
+
+
+@pytest.mark.slow
+def test_damaged_newest_checkpoint_is_skipped_with_a_warning(run_dir: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for path in (run_dir / "checkpoints").rglob("*"):
+        target = copy / "checkpoints" / path.relative_to(run_dir / "checkpoints")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_file():
+            target.write_bytes(path.read_bytes())
+    older = sorted((copy / "checkpoints").iterdir())[0]
+    shard = next((copy / "checkpoints" / "step-00000012" / "state").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])  # as if a node died mid-write after the rename
+
+    listed = run_cli("checkpoint", "list", str(copy))
+    assert "step-00000012" in listed.stdout and "INCOMPLETE" in listed.stdout and shard.name in listed.stdout
+    resumed = run_cli(*train_args(copy, "--train.max_steps", "14", "--checkpoint.resume", "auto"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "skipping incomplete checkpoint" in resumed.stderr and "step-00000012" in resumed.stderr
+    assert f"Resumed from {older} at step {int(older.name.split('-')[1])}" in resumed.stdout
+
+
+def test_commands_refuse_a_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["consolidate", str(tmp_path / "nope"), str(tmp_path / "w.pt")], ["inspect", str(tmp_path / "nope")]):
+        with pytest.raises(SystemExit) as exited:
+            main(["checkpoint", *argv])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "nope" in err
+    assert not (tmp_path / "w.pt").exists()
