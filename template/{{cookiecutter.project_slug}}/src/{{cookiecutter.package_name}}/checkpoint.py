@@ -79,12 +79,18 @@ def save_checkpoint(fabric: Fabric, recipe: Recipe, state: dict[str, Any]) -> Pa
             "tokens_seen": state["tokens_seen"],
             "strategy": recipe.strategy.name,
             "world_size": fabric.world_size,
+            "wandb_run_id": state.get("wandb_run_id"),
         }
         (partial / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
     fabric.barrier()
     return final
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """A checkpoint's meta.json (step, tokens seen, W&B run id, ...), readable before any process is launched."""
+    return json.loads((path / META_FILE).read_text())
 
 
 def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any]) -> None:
