@@ -266,12 +266,16 @@ class Monitor:
         self.max_steps, self.world_size = recipe.train.max_steps, fabric.world_size
         self.samples_per_step, self.tokens_per_step = samples_per_step, samples_per_step * recipe.model.block_size
         self.flops_per_token = flops_per_token
+        self.progress = Progress(start_step, self.max_steps, enabled=fabric.global_rank == 0)
         self.peak = recipe.logger.peak_tflops
         if self.peak is None and fabric.device.type == "cuda":
-            self.peak = peak_tflops(
-                torch.cuda.get_device_name(fabric.device), recipe.precision, torch.backends.cuda.matmul.allow_tf32
-            )
-        self.progress = Progress(start_step, self.max_steps, enabled=fabric.global_rank == 0)
+            device_name = torch.cuda.get_device_name(fabric.device)
+            self.peak = peak_tflops(device_name, recipe.precision, torch.backends.cuda.matmul.allow_tf32)
+            if self.peak is None:
+                self.progress.write(
+                    f"MFU not reported: no dense peak for {device_name!r} at precision {recipe.precision} in"
+                    " observe.PEAK_TFLOPS; set logger.peak_tflops to report it"
+                )
         self._start_window(start_step)
 
     def _start_window(self, step: int) -> None:
