@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -145,3 +147,26 @@ def test_progress_in_a_cluster_log_is_one_line_per_logging_interval(killed_and_r
     assert [int(line.split()[1].split("/")[0]) for line in progress] == logging_steps
     assert "eta " in progress[-1]
     assert "\r" not in resumed.stdout + resumed.stderr  # no progress bar redrawn into a log file
+
+
+def test_on_a_terminal_rank_zero_draws_a_live_progress_bar_instead_of_lines(tmp_path: Path) -> None:
+    command = [*train_command(tmp_path / "run", max_steps=12), "--logger.name", "csv", "--logger.peak_tflops", "null"]
+    terminal, child_side = pty.openpty()
+    process = subprocess.Popen(command, env=cli_env(), stdin=subprocess.DEVNULL, stdout=child_side, stderr=child_side)
+    os.close(child_side)
+    output, deadline = b"", time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if select.select([terminal], [], [], 1.0)[0]:
+            try:
+                chunk = os.read(terminal, 65536)
+            except OSError:  # every process holding the terminal has exited
+                break
+            if not chunk:
+                break
+            output += chunk
+    os.close(terminal)
+    assert process.wait(timeout=60) == 0, output.decode(errors="replace")[-3000:]
+    text = output.decode(errors="replace")
+    final_bar = r"12/12 \[\d\d:\d\d<\d\d:\d\d,\s+[\d.]+step/s, loss \d\.\d{4}, [\d,]+ tokens/s\]"  # elapsed<ETA
+    assert re.search(final_bar, text), text[-2000:]
+    assert not re.search(r"step \d+/12 \| loss", text)  # no plain lines while the bar is drawn

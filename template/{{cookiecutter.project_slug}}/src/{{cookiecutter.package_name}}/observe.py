@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import netrc
 import os
+import shutil
 import sys
 import time
 import uuid
@@ -223,7 +224,10 @@ class Progress:
         self.max_steps, self.enabled = max_steps, enabled
         self.stream = stream or sys.stdout
         live = enabled and self.stream.isatty()
-        self.bar = tqdm(total=max_steps, initial=start_step, file=self.stream, unit="step") if live else None
+        # The size is read once; a terminal reporting 0 columns or rows (some ptys) would hide tqdm's bar.
+        columns, rows = shutil.get_terminal_size()
+        bar = {"total": max_steps, "initial": start_step, "unit": "step", "ncols": columns, "nrows": rows}
+        self.bar = tqdm(file=self.stream, **bar) if live else None
 
     def advance(self, step: int) -> None:
         """Move the bar to `step` (nothing in a log: lines come only from `report`)."""
