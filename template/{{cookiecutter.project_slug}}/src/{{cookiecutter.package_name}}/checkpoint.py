@@ -6,7 +6,7 @@ A checkpoint is a folder `<out_dir>/checkpoints/step-<step>/`:
                       one file under ddp)
   rng/rank-<r>.pt     torch / numpy / python (and CUDA) RNG states of every rank
   config.yaml         the resolved recipe
-  meta.json           step, tokens, strategy, world size, and the size of every file; written last
+  meta.json           step, tokens, strategy, world size, W&B run id, the size of every file; written last
 It is written as `step-<step>.partial` and renamed once every rank has finished, so a folder with
 the final name is complete; one whose files do not match its meta.json is skipped with a warning.
 """
@@ -178,6 +178,7 @@ class Checkpointer:
             "strategy": self.recipe.strategy.name,
             "world_size": self.fabric.world_size,
             "time": time.time(),
+            "wandb_run_id": state.get("wandb_run_id"),  # readable before launch, to continue the same W&B run
         }
         if self.config.async_save:
             future = _async_save_sharded(self.fabric, partial / "state", state, self._process_group)

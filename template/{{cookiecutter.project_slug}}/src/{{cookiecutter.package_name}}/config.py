@@ -153,19 +153,32 @@ class CheckpointConfig:
 
 @dataclass
 class LoggerConfig:
-    """Experiment tracking; only rank 0 logs.
+    """Experiment tracking and what a run reports; only rank 0 logs and prints.
+
+    Credentials are never recipe fields: W&B reads its API key from WANDB_API_KEY or from
+    `wandb login` (~/.netrc), so no key can end up in a logged config or a checkpoint.
 
     Args:
-        name: wandb (offline when no API key is configured), tensorboard, csv, or none.
+        name: wandb (offline when no API key is configured, or when WANDB_MODE=offline), tensorboard,
+            csv, or none. All log the same metrics.
         project: W&B project name.
-        run_name: Name of the run; null lets the logger choose.
+        entity: W&B team or user that owns the project; null uses the account's default.
+        run_name: Name of the run (W&B display name, TensorBoard/CSV folder); null lets the logger choose.
+        group: W&B group, to show related runs (for example the jobs of one sweep) together.
+        tags: W&B tags of the run.
         log_every_steps: Log metrics and print a progress line every this many steps.
+        peak_tflops: Dense peak TFLOP/s of one device at the run's precision, for MFU; null looks the
+            GPU up in the table in observe.py (no MFU on CPUs or GPUs missing from it).
     """
 
     name: Literal["wandb", "tensorboard", "csv", "none"] = "{{ cookiecutter.logger }}"
     project: str = "{{ cookiecutter.project_slug }}"
+    entity: str | None = None
     run_name: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
     log_every_steps: int = 10
+    peak_tflops: float | None = None
 
 
 @dataclass
@@ -268,6 +281,8 @@ def check_recipe(recipe: Recipe) -> None:
     for name, (value, minimum) in at_least.items():
         if value < minimum:
             raise RecipeError(f"{name}={value} must be >= {minimum}")
+    if recipe.logger.peak_tflops is not None and not recipe.logger.peak_tflops > 0:
+        raise RecipeError(f"logger.peak_tflops={recipe.logger.peak_tflops} must be > 0 (or null to use the GPU table)")
     if not recipe.train.learning_rate > 0:
         raise RecipeError(f"train.learning_rate={recipe.train.learning_rate} must be > 0")
     if recipe.train.min_learning_rate > recipe.train.learning_rate:

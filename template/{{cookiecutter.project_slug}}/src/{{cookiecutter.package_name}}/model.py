@@ -10,6 +10,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from lightning.fabric.utilities.throughput import measure_flops
 from torch import nn
 
 from {{ cookiecutter.package_name }}.config import ModelConfig
@@ -106,3 +107,16 @@ def count_parameters(config: ModelConfig) -> int:
     """Number of parameters of the model a config describes, without building it."""
     with torch.device("meta"):
         return sum(p.numel() for p in GPT(config).parameters())
+
+
+def training_flops_per_token(config: ModelConfig) -> int:
+    """Model FLOPs of one forward and backward pass per token, counted once on a meta-device copy.
+
+    These are model FLOPs (what MFU is defined on): recomputation by activation checkpointing is not
+    counted, and attention is counted over the full block as if it were not causal, which gives the
+    usual 6 * (matmul parameters) + 12 * n_layer * n_embd * block_size.
+    """
+    with torch.device("meta"):
+        model = GPT(config)
+        tokens = torch.zeros(1, config.block_size, dtype=torch.long)
+    return measure_flops(model, lambda: model(tokens), lambda logits: logits.sum()) // config.block_size

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from functools import partial
 from typing import Any
 
@@ -17,13 +18,19 @@ import torch.nn.functional as F
 from lightning.fabric import Fabric
 from torchmetrics.aggregation import MeanMetric
 
-from {{ cookiecutter.package_name }}.checkpoint import Checkpointer, checkpoint_root, load_checkpoint, resolve_resume
+from {{ cookiecutter.package_name }}.checkpoint import (
+    Checkpointer,
+    checkpoint_root,
+    load_checkpoint,
+    read_meta,
+    resolve_resume,
+)
 from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, TrainConfig, dump_recipe, parse_recipe
 from {{ cookiecutter.package_name }}.data import Batch, TrainBatches, load_tokens, split_tokens, validation_batches
 from {{ cookiecutter.package_name }}.fabric_setup import build_fabric
 from {{ cookiecutter.package_name }}.faults import fault_point
-from {{ cookiecutter.package_name }}.model import GPT
-from {{ cookiecutter.package_name }}.observe import Throughput, build_loggers, finish_loggers, log_config, logger_location, progress_line
+from {{ cookiecutter.package_name }}.model import GPT, training_flops_per_token
+from {{ cookiecutter.package_name }}.observe import Monitor, build_loggers, finish_loggers, log_config, logger_location, new_run_id
 
 
 def train(recipe: Recipe) -> None:
@@ -32,7 +39,9 @@ def train(recipe: Recipe) -> None:
     tokens = load_tokens(recipe.data)
     train_tokens, val_tokens = split_tokens(tokens, recipe.data.val_fraction, recipe.model.block_size)
     resume_from = resolve_resume(recipe)
-    fabric = build_fabric(recipe, build_loggers(recipe))
+    # A resumed or requeued job appends to the W&B run of its checkpoint instead of starting a new one.
+    run_id = (read_meta(resume_from).get("wandb_run_id") if resume_from else None) or new_run_id()
+    fabric = build_fabric(recipe, build_loggers(recipe, run_id))
 
     fabric.launch()
     fabric.seed_everything(recipe.train.seed)
@@ -69,6 +78,7 @@ def train(recipe: Recipe) -> None:
         "data": batches,
         "step": 0,
         "tokens_seen": 0,
+        "wandb_run_id": fabric.broadcast(run_id),  # rank 0's id: the one its logger writes to
     }
     if resume_from is not None:
         load_checkpoint(fabric, resume_from, state, recipe)
@@ -79,12 +89,13 @@ def train(recipe: Recipe) -> None:
 
     max_steps, accumulate = recipe.train.max_steps, recipe.train.grad_accum_steps
     tokens_per_step = batches.global_batch_size * recipe.model.block_size
-    throughput = Throughput(state["tokens_seen"])
+    flops_per_token = training_flops_per_token(recipe.model)
+    monitor = Monitor(fabric, recipe, flops_per_token, state["step"], batches.global_batch_size)
     checkpointer = Checkpointer(fabric, recipe)
     model.train()
     while state["step"] < max_steps:
         loss_sum = torch.zeros((), device=fabric.device)
-        for micro_step, (inputs, targets) in enumerate(batches.next_step()):
+        for micro_step, (inputs, targets) in enumerate(monitor.timed(batches.next_step())):
             inputs, targets = fabric.to_device((inputs, targets))
             # Gradients are synchronised only on the last micro-batch of the step.
             with fabric.no_backward_sync(model, enabled=micro_step < accumulate - 1):
@@ -100,34 +111,22 @@ def train(recipe: Recipe) -> None:
         state["step"] += 1
         state["tokens_seen"] += tokens_per_step
         step = state["step"]
+        learning_rate = scheduler.get_last_lr()[0]
+        monitor.step_end(step, loss_sum / accumulate, grad_norm, learning_rate, state["tokens_seen"], batches.epoch)
 
-        if step % recipe.logger.log_every_steps == 0 or step == max_steps:
-            metrics = {
-                "train/loss": fabric.all_reduce(loss_sum / accumulate, reduce_op="mean").item(),
-                "train/lr": scheduler.get_last_lr()[0],
-                "train/tokens_per_second": throughput.tokens_per_second(state["tokens_seen"]),
-                "train/tokens_seen": float(state["tokens_seen"]),
-                "train/epoch": float(batches.epoch),
-            }
-            if grad_norm is not None:
-                metrics["train/grad_norm"] = float(
-                    grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-                )
-            fabric.log_dict(metrics, step=step)
-            fabric.print(progress_line(step, max_steps, metrics))
         every_eval = recipe.eval.every_steps
         if every_eval and (step % every_eval == 0 or step == max_steps):
+            started = time.perf_counter()
             val_loss = validate(fabric, model, val_batches)
-            fabric.log_dict({"val/loss": val_loss, "val/perplexity": math.exp(val_loss)}, step=step)
-            fabric.print(f"step {step}/{max_steps} | val_loss {val_loss:.4f} | val_perplexity {math.exp(val_loss):.2f}")
+            monitor.log_validation(step, val_loss, seconds=time.perf_counter() - started)
         checkpointer.poll()
         if checkpointer.due(step):
             seconds = checkpointer.save(state)
-            fabric.log_dict({"checkpoint/save_seconds": seconds}, step=step)
-            fabric.print(f"Saved checkpoint of step {step} in {seconds:.2f}s")
+            monitor.log_checkpoint(step, checkpointer.root / f"step-{step:08d}", seconds=seconds)
         fault_point("kill-at-step", step)
 
     checkpointer.wait()
+    monitor.close()
     fabric.print(f"Done at step {state['step']}. Checkpoints: {checkpoint_root(recipe)}")
     if fabric.global_rank == 0:
         fabric.print(f"Logs: {logger_location(recipe, fabric.loggers)}")

@@ -1,0 +1,222 @@
+"""What a run reports: the MFU arithmetic, the GPU peak table, FLOPs per token, progress output, loggers."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.fabric import Fabric
+from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from {{ cookiecutter.package_name }}.config import LoggerConfig, ModelConfig, Recipe, TrainConfig
+from {{ cookiecutter.package_name }}.model import GPT, training_flops_per_token
+from {{ cookiecutter.package_name }}.observe import (
+    Monitor,
+    Progress,
+    gpu_model,
+    model_flops_utilization,
+    peak_tflops,
+    wandb_offline,
+)
+
+
+def test_mfu_is_achieved_model_flops_over_the_dense_peak() -> None:
+    # A 1B-parameter model (6e9 FLOPs per token) at 50,000 tokens/s on one H100 SXM (989.4 TFLOP/s).
+    assert model_flops_utilization(6e9, 50_000, 989.4) == pytest.approx(3e14 / 989.4e12)
+    assert model_flops_utilization(6e9, 50_000, 989.4) == pytest.approx(0.30321, abs=1e-5)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true", "16-mixed", "16-true"])
+def test_h200_and_h100_sxm_half_precision_peak_is_the_dense_989_not_the_sparse_1979(precision: str) -> None:
+    for name in ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA GH200 480GB"):
+        assert peak_tflops(name, precision) == 989.4, name
+
+
+@pytest.mark.parametrize(
+    ("device_name", "row"),
+    [
+        ("NVIDIA H200", "H200 SXM"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA A100 80GB PCIe", "A100"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA L40", "L40"),
+        ("NVIDIA A10", "A10"),
+        ("NVIDIA RTX A6000", "RTX A6000"),
+        ("NVIDIA B200", "B200"),
+        ("Tesla V100-SXM2-32GB", "V100 SXM"),
+        ("Tesla V100-PCIE-16GB", "V100 PCIe"),
+        ("NVIDIA GeForce GTX 1080", None),
+    ],
+)
+def test_device_names_as_torch_reports_them_find_their_row(device_name: str, row: str | None) -> None:
+    assert gpu_model(device_name) == row
+
+
+def test_table_peaks_per_precision() -> None:
+    assert peak_tflops("NVIDIA A100-SXM4-80GB", "bf16-mixed") == 312.0
+    assert peak_tflops("NVIDIA L4", "bf16-mixed") == 121.0
+    assert peak_tflops("NVIDIA H100 PCIe", "16-mixed") == 756.0
+    # 32-true runs on tensor cores only when TF32 matmuls are allowed.
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "32-true", tf32=True) == 494.7
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "32-true", tf32=False) == 67.0
+    # A GPU without bf16, or one missing from the table, gives no peak (and no MFU) rather than a wrong one.
+    assert peak_tflops("Tesla V100-SXM2-32GB", "bf16-mixed") is None
+    assert peak_tflops("NVIDIA GeForce GTX 1080", "bf16-mixed") is None
+
+
+def test_flops_per_token_are_six_per_matmul_parameter_plus_attention() -> None:
+    config = ModelConfig(n_layer=2, n_head=2, n_embd=64, block_size=32)
+    with torch.device("meta"):
+        matmul_parameters = sum(
+            p.numel() for name, p in GPT(config).named_parameters() if p.dim() == 2 and "embedding" not in name
+        )
+    attention = 12 * config.n_layer * config.n_embd * config.block_size
+    assert training_flops_per_token(config) == 6 * matmul_parameters + attention
+
+
+def tiny_recipe(tmp_path: Path, **logger: object) -> Recipe:
+    return Recipe(
+        accelerator="cpu",
+        devices=1,
+        out_dir=str(tmp_path),
+        model=ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16),
+        train=TrainConfig(max_steps=100, micro_batch_size=4),
+        logger=dataclasses.replace(LoggerConfig(), log_every_steps=10, **logger),
+    )
+
+
+def test_monitor_throughput_gives_the_expected_mfu_from_known_flops_time_and_peak(tmp_path: Path) -> None:
+    recipe = tiny_recipe(tmp_path, peak_tflops=2.0)
+    fabric = Fabric(accelerator="cpu", devices=1)
+    monitor = Monitor(fabric, recipe, flops_per_token=1_000_000, start_step=0, samples_per_step=4)
+    metrics = monitor.throughput(steps=10, seconds=2.0)
+    tokens_per_second = 10 * 4 * 16 / 2.0  # steps * samples * block_size / seconds
+    assert metrics["throughput/tokens_per_second"] == tokens_per_second
+    assert metrics["throughput/samples_per_second"] == 20.0
+    assert metrics["throughput/tflops_per_second_per_device"] == pytest.approx(tokens_per_second * 1e6 / 1e12)
+    assert metrics["throughput/mfu"] == pytest.approx(tokens_per_second * 1e6 / 2e12)
+
+
+def test_without_a_known_peak_tflops_are_logged_but_no_mfu(tmp_path: Path) -> None:
+    monitor = Monitor(Fabric(accelerator="cpu", devices=1), tiny_recipe(tmp_path), 1_000_000, 0, samples_per_step=4)
+    metrics = monitor.throughput(steps=10, seconds=2.0)
+    assert "throughput/tflops_per_second_per_device" in metrics and "throughput/mfu" not in metrics
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def drive(progress: Progress, max_steps: int, every: int) -> None:
+    """What the loop does: advance every step, report at logging steps."""
+    for step in range(1, max_steps + 1):
+        progress.advance(step)
+        if step % every == 0:
+            progress.report(step, {"train/loss": 2.5, "throughput/tokens_per_second": 1234.0}, eta_seconds=60.0)
+    progress.close()
+
+
+def test_progress_off_a_terminal_is_one_plain_line_per_logging_interval() -> None:
+    log = io.StringIO()
+    drive(Progress(0, 1000, stream=log), max_steps=1000, every=100)
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 10
+    assert "\r" not in log.getvalue()
+    assert lines[0] == "step 100/1000 | loss 2.5000 | 1,234 tokens/s | eta 0:01:00"
+
+
+def test_progress_on_a_terminal_is_a_live_bar_with_loss_throughput_and_eta() -> None:
+    terminal = Terminal()
+    drive(Progress(0, 50, stream=terminal), max_steps=50, every=10)
+    output = terminal.getvalue()
+    assert "\r" in output and "50/50" in output
+    assert "loss 2.5000, 1,234 tokens/s" in output
+    assert re.search(r"\d\d:\d\d<\d\d:\d\d", output), "elapsed<remaining (the ETA) is shown"
+    assert "step 10/50 |" not in output
+
+
+def test_only_rank_zero_shows_progress() -> None:
+    log = io.StringIO()
+    drive(Progress(0, 100, stream=log, enabled=False), max_steps=100, every=10)
+    assert log.getvalue() == ""
+
+
+def test_csv_and_tensorboard_receive_the_same_metrics(tmp_path: Path) -> None:
+    recipe = tiny_recipe(tmp_path, peak_tflops=1.0)
+    csv_logger, tensorboard = CSVLogger(tmp_path / "csv"), TensorBoardLogger(tmp_path / "tb")
+    fabric = Fabric(accelerator="cpu", devices=1, loggers=[csv_logger, tensorboard])
+    monitor = Monitor(fabric, recipe, flops_per_token=1000, start_step=0, samples_per_step=4)
+    for step in range(1, 21):
+        monitor.step_end(step, torch.tensor(2.0), torch.tensor(0.5), 1e-3, tokens_seen=step * 64, epoch=0)
+    monitor.log_validation(20, 1.5, seconds=0.1)
+    monitor.log_checkpoint(20, tmp_path / "step-20", seconds=0.2)
+    monitor.close()
+    csv_logger.finalize("success")
+    tensorboard.finalize("success")
+
+    with (Path(csv_logger.log_dir) / "metrics.csv").open() as handle:
+        csv_keys = set(next(csv.reader(handle))) - {"step"}
+    events = EventAccumulator(str(tensorboard.log_dir))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == csv_keys
+    expected = {
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "throughput/tokens_per_second",
+        "throughput/tokens_per_second_per_device",
+        "throughput/samples_per_second",
+        "throughput/samples_per_second_per_device",
+        "throughput/flops_per_token",
+        "throughput/tflops_per_second_per_device",
+        "throughput/mfu",
+        "memory/host_peak_rss_gib",
+        "time/data_wait_seconds",
+        "time/data_wait_fraction",
+        "time/checkpoint_save_seconds",
+        "val/perplexity",
+    }
+    assert expected <= csv_keys
+
+
+def test_wandb_is_offline_without_credentials_and_online_with_a_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc from `wandb login`
+    monkeypatch.delenv("NETRC", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert wandb_offline()
+    monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef")
+    assert not wandb_offline()
+    monkeypatch.setenv("WANDB_MODE", "offline")  # a cluster without internet access
+    assert wandb_offline()
+
+
+def test_credentials_are_never_recipe_fields() -> None:
+    """Keys come from the environment or `wandb login`, so no logged config or checkpoint can hold one."""
+    secret = re.compile(r"(^|_)(api_?key|key|token|secret|password|credentials?)$")
+
+    def names(cls: type, prefix: str = "") -> list[str]:
+        found = []
+        for field in dataclasses.fields(cls):
+            found.append(prefix + field.name)
+            if dataclasses.is_dataclass(field.default_factory if callable(field.default_factory) else None):
+                found += names(field.default_factory, f"{prefix}{field.name}.")
+        return found
+
+    fields = names(Recipe)
+    assert "logger.project" in fields
+    assert not [name for name in fields if secret.search(name.rsplit(".", 1)[-1])]
