@@ -124,3 +124,19 @@ def clip_grad_norm(
     for params in by_mesh.values():
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
+
+
+def local_training_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state this process holds (its local shards)."""
+
+    def size(tensor: torch.Tensor) -> int:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        return local.numel() * local.element_size()
+
+    params = list(model.parameters())
+    state = [value for values in optimizer.state.values() for value in values.values() if torch.is_tensor(value)]
+    return {
+        "parameters": sum(size(p) for p in params),
+        "gradients": sum(size(p.grad) for p in params if p.grad is not None),
+        "optimizer": sum(size(value) for value in state),
+    }
