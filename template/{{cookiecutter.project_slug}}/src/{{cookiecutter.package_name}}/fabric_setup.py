@@ -17,9 +17,10 @@ from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger
 from lightning.fabric.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy, Strategy
 
-from {{ cookiecutter.package_name }}.config import GPU_ONLY_STRATEGIES, MODEL_PARALLEL, Recipe, RecipeError
+from {{ cookiecutter.package_name }}.config import Recipe, RecipeError
 from {{ cookiecutter.package_name }}.model import Block
 from {{ cookiecutter.package_name }}.parallel import clip_grad_norm, parallelize, prepare_blocks
+from {{ cookiecutter.package_name }}.strategy_config import GPU_ONLY_STRATEGIES, MODEL_PARALLEL
 
 FLOAT8_CAPABILITY = (8, 9)  # Ada (L4, L40) and Hopper (H100, H200) and newer have float8 tensor cores
 

@@ -18,8 +18,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
-from {{ cookiecutter.package_name }}.config import StrategyConfig
 from {{ cookiecutter.package_name }}.model import GPT
+from {{ cookiecutter.package_name }}.strategy_config import StrategyConfig
 
 
 def tensor_parallel_plan() -> dict[str, ParallelStyle]:
