@@ -6,6 +6,7 @@ parallel; its parallelize_fn is `parallel.parallelize`), FSDPStrategy (FSDP1) an
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
@@ -76,6 +77,8 @@ def check_hardware(recipe: Recipe, accelerator: str, capability: tuple[int, int]
         )
     if recipe.strategy.float8 and capability < FLOAT8_CAPABILITY:
         raise RecipeError(f"strategy.float8=true needs compute capability 8.9+ (H100, L4, ...); this GPU has {version}")
+    if recipe.strategy.float8 and importlib.util.find_spec("torchao") is None:
+        raise RecipeError("strategy.float8=true needs torchao: pip install torchao")
 
 
 def deepspeed_config(recipe: Recipe) -> dict[str, Any]:
