@@ -61,7 +61,7 @@ check() {  # check NAME: train to 4, resume to 6; prints one line
   local name=$1 nodes=1 extra=()
   local text
   text=$(cat "recipes/$name.yaml")
-  case "$text" in *"name: hsdp"*|*"HYBRID_SHARD"*) nodes=2 ;; esac
+  case "$text" in *"name: hsdp"*|*"fsdp_sharding: HYBRID_SHARD"*) nodes=2 ;; esac
   case "$text" in *"tensor_parallel_size"*) extra+=(--strategy.tensor_parallel_size 1) ;; esac
   case "$text" in *"nvme_path"*) mkdir -p "$OUT/nvme"; extra+=(--strategy.nvme_path "$PWD/$OUT/nvme") ;; esac
   if [ "$nodes" -gt "$GPUS" ]; then
