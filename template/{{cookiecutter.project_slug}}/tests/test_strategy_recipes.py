@@ -6,6 +6,7 @@ by the strategy object and DeepSpeed config they produce; `scripts/gpu_check.sh`
 
 from __future__ import annotations
 
+import importlib.util
 from datetime import timedelta
 from pathlib import Path
 
@@ -208,7 +209,11 @@ def test_gpu_checks_refuse_bf16_and_float8_on_gpus_without_them() -> None:
         check_hardware(recipe("fsdp2-node"), "cuda", (7, 0))
     with pytest.raises(RecipeError, match=r"strategy.float8=true needs compute capability 8.9\+ .* has 8.0"):
         check_hardware(recipe("fsdp2-float8-node"), "cuda", (8, 0))
-    check_hardware(recipe("fsdp2-float8-node"), "cuda", (9, 0))  # H100: accepted
+    if importlib.util.find_spec("torchao") is None:  # an H100 is accepted once torchao is installed
+        with pytest.raises(RecipeError, match=r"strategy\.float8=true needs torchao: pip install torchao"):
+            check_hardware(recipe("fsdp2-float8-node"), "cuda", (9, 0))
+    else:
+        check_hardware(recipe("fsdp2-float8-node"), "cuda", (9, 0))
 
 
 def test_recipes_validate_explains_that_gpu_only_recipes_need_gpus(capsys: pytest.CaptureFixture[str]) -> None:

@@ -135,7 +135,7 @@ class LoggerConfig:
         log_every_steps: Log metrics and print a progress line every this many steps.
     """
 
-    name: Literal["wandb", "tensorboard", "csv", "none"] = "wandb"
+    name: Literal["wandb", "tensorboard", "csv", "none"] = "{{ cookiecutter.logger }}"
     project: str = "{{ cookiecutter.project_slug }}"
     run_name: str | None = None
     log_every_steps: int = 10
