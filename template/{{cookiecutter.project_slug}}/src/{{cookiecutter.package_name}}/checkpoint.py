@@ -28,6 +28,7 @@ from lightning.fabric import Fabric
 
 from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, dump_recipe
 from {{ cookiecutter.package_name }}.faults import fault_point
+from {{ cookiecutter.package_name }}.strategy_config import MODEL_PARALLEL
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 META_FILE = "meta.json"
@@ -255,10 +256,12 @@ def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any], recipe: R
     """Restore `state` in place from a checkpoint folder, including this rank's RNG states."""
     meta = read_meta(path)
     stateful = {key: value for key, value in state.items() if hasattr(value, "load_state_dict")}
-    if (path / "state").is_dir() == (recipe.strategy.name != "ddp"):
-        fabric.load(path / "state", state, weights_only=True)
-    else:  # ddp -> sharded or sharded -> ddp
+    saved_by, resumed_by = meta["strategy"], recipe.strategy.name
+    replicated_to_sharded = saved_by == "ddp" and resumed_by in MODEL_PARALLEL
+    if replicated_to_sharded or (saved_by in MODEL_PARALLEL and resumed_by == "ddp"):
         _load_across_layouts(path, state)
+    else:  # the same kind of strategy (also FSDP2 on another number of processes: DCP reshards)
+        fabric.load(path / "state", state, weights_only=True)
     # Fabric's sharded loader puts the saved dict in place of objects such as the LR scheduler
     # instead of calling their load_state_dict; restore those objects here.
     for key, value in stateful.items():

@@ -45,12 +45,27 @@ def summary(path: Path) -> str:
 
 
 def describe(recipe: Recipe) -> str:
-    """Where a recipe runs, in words."""
+    """Where a recipe runs, in words; says so when it needs GPUs this machine does not have."""
     hardware = "GPU" if needs_gpu(recipe) else ("CPU" if recipe.accelerator == "cpu" else "GPU, or CPU if none")
-    return (
+    text = (
         f"{recipe.world_size} process(es) = {recipe.devices} device(s) x {recipe.num_nodes} node(s),"
         f" {hardware}, strategy {recipe.strategy.name}, precision {recipe.precision}"
     )
+    if needs_gpu(recipe):
+        import torch  # only for recipes that need GPUs: listing and checking stay fast
+
+        if not torch.cuda.is_available():
+            text += f" (needs CUDA GPUs: {gpu_reason(recipe)}; this machine has none, so train it on a GPU machine)"
+    return text
+
+
+def gpu_reason(recipe: Recipe) -> str:
+    """Why a recipe needs GPUs, in a few words."""
+    if recipe.strategy.name in ("fsdp", "deepspeed"):
+        return f"Fabric runs strategy {recipe.strategy.name} only on GPUs"
+    if recipe.strategy.float8:
+        return "float8 needs compute capability 8.9+"
+    return "accelerator=cuda"
 
 
 def list_recipes() -> None:

@@ -16,30 +16,10 @@ from typing import Any, Literal
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.strategy_config import GPU_ONLY_STRATEGIES, MODEL_PARALLEL, StrategyConfig, check_strategy
+
 Precision = Literal["32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true"]
-StrategyName = Literal["ddp", "fsdp2"]
-SHARDED_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-true")
-
-
-class RecipeError(ValueError):
-    """A recipe that cannot run; the message is one line that names the field and what is allowed."""
-
-
-@dataclass
-class StrategyConfig:
-    """How the model and the work are spread over devices.
-
-    Args:
-        name: ddp (every device holds the whole model; use when model + optimizer fit on one
-            device) or fsdp2 (parameters, gradients and optimizer state sharded per transformer
-            block with torch's fully_shard; use when they do not).
-        process_group_backend: Collective backend; null picks nccl on GPUs and gloo on CPUs.
-        timeout_minutes: How long a collective may wait for the other ranks before the job fails.
-    """
-
-    name: StrategyName = "fsdp2"
-    process_group_backend: Literal["nccl", "gloo"] | None = None
-    timeout_minutes: int = 30
 
 
 @dataclass
@@ -258,6 +238,8 @@ def check_recipe(recipe: Recipe) -> None:
         "devices": (recipe.devices, 1),
         "num_nodes": (recipe.num_nodes, 1),
         "strategy.timeout_minutes": (recipe.strategy.timeout_minutes, 1),
+        "strategy.tensor_parallel_size": (recipe.strategy.tensor_parallel_size, 1),
+        "strategy.activation_checkpointing_every": (recipe.strategy.activation_checkpointing_every, 1),
         "model.vocab_size": (recipe.model.vocab_size, 1),
         "model.block_size": (recipe.model.block_size, 1),
         "model.n_layer": (recipe.model.n_layer, 1),
@@ -308,15 +290,11 @@ def check_recipe(recipe: Recipe) -> None:
         )
     if recipe.checkpoint.resume is not None and not recipe.checkpoint.resume.strip():
         raise RecipeError("checkpoint.resume must be null, auto, or a checkpoint path")
-    sharded = recipe.strategy.name == "fsdp2"
-    if recipe.checkpoint.async_save and not sharded:
+    check_strategy(recipe)
+    if recipe.checkpoint.async_save and recipe.strategy.name not in MODEL_PARALLEL:
         raise RecipeError(
-            f"checkpoint.async_save=true needs sharded checkpoints (strategy.name=fsdp2), not strategy.name={recipe.strategy.name}"
-        )
-    if sharded and recipe.precision not in SHARDED_PRECISIONS:
-        raise RecipeError(
-            f"precision={recipe.precision} is not supported with strategy.name=fsdp2"
-            f" (choose {', '.join(SHARDED_PRECISIONS)})"
+            f"checkpoint.async_save=true needs torch.distributed.checkpoint shards (strategy.name fsdp2 or hsdp),"
+            f" not strategy.name={recipe.strategy.name}"
         )
     if recipe.accelerator == "cpu":
         if recipe.precision in ("16-mixed", "16-true"):
@@ -329,7 +307,7 @@ def check_recipe(recipe: Recipe) -> None:
 
 def needs_gpu(recipe: Recipe) -> bool:
     """Whether the recipe can only run on CUDA GPUs."""
-    return recipe.accelerator == "cuda"
+    return recipe.accelerator == "cuda" or recipe.strategy.name in GPU_ONLY_STRATEGIES or recipe.strategy.float8
 
 
 def _config_source(argv: list[str]) -> str:

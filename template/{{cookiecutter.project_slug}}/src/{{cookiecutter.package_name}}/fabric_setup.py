@@ -1,17 +1,45 @@
-"""Recipe -> Fabric: accelerator, strategy object, precision, devices, nodes and loggers."""
+"""Recipe -> Fabric: accelerator, strategy object, precision, devices, nodes and loggers.
+
+Every strategy is one of Fabric's own: DDPStrategy, ModelParallelStrategy (fsdp2, hsdp, tensor
+parallel; its parallelize_fn is `parallel.parallelize`), FSDPStrategy (FSDP1) and DeepSpeedStrategy.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from functools import partial
+from typing import Any
 
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger
-from lightning.fabric.strategies import DDPStrategy, ModelParallelStrategy, Strategy
+from lightning.fabric.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy, Strategy
 
 from {{ cookiecutter.package_name }}.config import Recipe, RecipeError
-from {{ cookiecutter.package_name }}.parallel import parallelize
+from {{ cookiecutter.package_name }}.model import Block
+from {{ cookiecutter.package_name }}.parallel import clip_grad_norm, parallelize, prepare_blocks
+from {{ cookiecutter.package_name }}.strategy_config import GPU_ONLY_STRATEGIES, MODEL_PARALLEL
+
+FLOAT8_CAPABILITY = (8, 9)  # Ada (L4, L40) and Hopper (H100, H200) and newer have float8 tensor cores
+
+
+class ModelParallel(ModelParallelStrategy):
+    """Fabric's ModelParallelStrategy, clipping gradients that live on several device meshes (tensor parallel)."""
+
+    def clip_gradients_norm(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> torch.Tensor:
+        """Clip the global gradient norm over all meshes."""
+        self.precision.unscale_gradients(optimizer)
+        return clip_grad_norm(self.precision.main_params(optimizer), max_norm, norm_type, error_if_nonfinite)
 
 
 def resolve_accelerator(recipe: Recipe) -> str:
@@ -24,20 +52,98 @@ def resolve_accelerator(recipe: Recipe) -> str:
     return recipe.accelerator
 
 
+def check_hardware(recipe: Recipe, accelerator: str, capability: tuple[int, int] | None) -> None:
+    """Reject a recipe this machine cannot run; `capability` is the GPU's CUDA compute capability (None on CPU)."""
+    name = recipe.strategy.name
+    if accelerator == "cpu":
+        if name in GPU_ONLY_STRATEGIES:
+            raise RecipeError(
+                f"strategy.name={name} needs CUDA GPUs and this machine has none (on CPU choose ddp, fsdp2 or hsdp)"
+            )
+        if recipe.strategy.float8:
+            raise RecipeError("strategy.float8=true needs a GPU with compute capability 8.9+ and this machine has none")
+        if recipe.precision in ("16-mixed", "16-true"):
+            raise RecipeError(
+                f"precision={recipe.precision} needs a GPU; on CPU choose 32-true, bf16-mixed or bf16-true"
+            )
+        return
+    if capability is None:
+        return
+    version = ".".join(map(str, capability))
+    if recipe.precision.startswith("bf16") and capability < (8, 0):
+        raise RecipeError(
+            f"precision={recipe.precision} needs a GPU with bf16 (compute capability 8.0+, A100 or newer);"
+            f" this GPU has {version}: choose 16-mixed or 32-true"
+        )
+    if recipe.strategy.float8 and capability < FLOAT8_CAPABILITY:
+        raise RecipeError(f"strategy.float8=true needs compute capability 8.9+ (H100, L4, ...); this GPU has {version}")
+    if recipe.strategy.float8 and importlib.util.find_spec("torchao") is None:
+        raise RecipeError("strategy.float8=true needs torchao: pip install torchao")
+
+
+def deepspeed_config(recipe: Recipe) -> dict[str, Any]:
+    """The DeepSpeed config a deepspeed recipe asks for (ZeRO stage, offload, clipping, bf16)."""
+    strategy = recipe.strategy
+    zero: dict[str, Any] = {
+        "stage": strategy.deepspeed_stage,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+    }
+    for key, where in (
+        ("offload_optimizer", strategy.offload_optimizer),
+        ("offload_param", strategy.offload_parameters),
+    ):
+        if where == "cpu":
+            zero[key] = {"device": "cpu", "pin_memory": True}
+        elif where == "nvme":
+            zero[key] = {"device": "nvme", "nvme_path": strategy.nvme_path, "pin_memory": True}
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": recipe.train.micro_batch_size,
+        # The loop accumulates itself and calls optimizer.step() once per step, so DeepSpeed must not.
+        "gradient_accumulation_steps": 1,
+        # Fabric cannot clip under DeepSpeed: the engine clips the global norm itself.
+        "gradient_clipping": recipe.train.grad_clip,
+        "zero_optimization": zero,
+        # The loop's torch AdamW also runs on offloaded (CPU) state.
+        "zero_force_ds_cpu_optimizer": False,
+        "zero_allow_untested_optimizer": True,
+    }
+    if recipe.precision.startswith("bf16"):
+        config["bf16"] = {"enabled": True}
+    if "nvme" in (strategy.offload_optimizer, strategy.offload_parameters):
+        config["aio"] = {"block_size": 1048576, "queue_depth": 8, "single_submit": False, "overlap_events": True}
+    return config
+
+
 def build_strategy(recipe: Recipe) -> Strategy:
     """The Fabric strategy object a recipe asks for."""
+    strategy = recipe.strategy
     options = {
-        "process_group_backend": recipe.strategy.process_group_backend,
-        "timeout": timedelta(minutes=recipe.strategy.timeout_minutes),
+        "process_group_backend": strategy.process_group_backend,
+        "timeout": timedelta(minutes=strategy.timeout_minutes),
     }
-    if recipe.strategy.name == "ddp":
+    if strategy.name == "ddp":
         return DDPStrategy(**options)
-    return ModelParallelStrategy(
-        parallelize_fn=partial(parallelize, config=recipe.strategy),
-        data_parallel_size=recipe.world_size,
-        tensor_parallel_size=1,
-        **options,
-    )
+    if strategy.name in MODEL_PARALLEL:
+        return ModelParallel(
+            parallelize_fn=partial(parallelize, config=strategy, num_nodes=recipe.num_nodes),
+            data_parallel_size=recipe.world_size // strategy.tensor_parallel_size,
+            tensor_parallel_size=strategy.tensor_parallel_size,
+            **options,
+        )
+    if strategy.name == "fsdp":
+        hybrid = strategy.fsdp_sharding == "HYBRID_SHARD"
+        return FSDPStrategy(
+            sharding_strategy=strategy.fsdp_sharding,
+            auto_wrap_policy={Block},
+            activation_checkpointing_policy={Block} if strategy.activation_checkpointing else None,
+            cpu_offload=strategy.cpu_offload,
+            state_dict_type="sharded",
+            # HYBRID_SHARD: replicate across nodes, shard over the devices of a node.
+            device_mesh=(recipe.num_nodes, recipe.devices) if hybrid else None,
+            **options,
+        )
+    return DeepSpeedStrategy(config=deepspeed_config(recipe), **options)
 
 
 def build_fabric(recipe: Recipe, loggers: list[Logger]) -> Fabric:
@@ -45,8 +151,7 @@ def build_fabric(recipe: Recipe, loggers: list[Logger]) -> Fabric:
     accelerator = resolve_accelerator(recipe)
     if accelerator == "cuda" and recipe.devices > torch.cuda.device_count():
         raise RecipeError(f"devices={recipe.devices} but this machine has {torch.cuda.device_count()} GPU(s)")
-    if accelerator == "cpu" and recipe.precision in ("16-mixed", "16-true"):
-        raise RecipeError(f"precision={recipe.precision} needs a GPU; on CPU choose 32-true, bf16-mixed or bf16-true")
+    check_hardware(recipe, accelerator, torch.cuda.get_device_capability() if accelerator == "cuda" else None)
     return Fabric(
         accelerator=accelerator,
         devices=recipe.devices,
@@ -55,3 +160,30 @@ def build_fabric(recipe: Recipe, loggers: list[Logger]) -> Fabric:
         strategy=build_strategy(recipe),
         loggers=loggers,
     )
+
+
+def setup_model_and_optimizer(
+    fabric: Fabric, model: torch.nn.Module, recipe: Recipe, make_optimizer: Callable[[torch.nn.Module], Any]
+) -> tuple[Any, Any, torch.optim.Optimizer]:
+    """The model and optimizer set up for the strategy, and the torch optimizer an LR scheduler drives.
+
+    DeepSpeed needs both set up together from the unsharded model; the other strategies set the
+    model up first (it is sharded then) and build the optimizer on its sharded parameters.
+    """
+    if recipe.strategy.name not in MODEL_PARALLEL:  # fsdp2/hsdp do this inside parallelize_fn
+        # FSDPStrategy checkpoints blocks itself (activation_checkpointing_policy), inside its wrapping.
+        fsdp = recipe.strategy.name == "fsdp"
+        prepare_blocks(model, replace(recipe.strategy, activation_checkpointing=False) if fsdp else recipe.strategy)
+    if recipe.strategy.name == "deepspeed":
+        optimizer = make_optimizer(model)
+        model, wrapped = fabric.setup(model, optimizer)
+        return model, wrapped, optimizer  # DeepSpeed's optimizer steps the same param_groups
+    model = fabric.setup_module(model)
+    optimizer = fabric.setup_optimizers(make_optimizer(model))
+    return model, optimizer, optimizer
+
+
+def data_parallel_rank_and_size(fabric: Fabric) -> tuple[int, int]:
+    """This process's data-parallel rank and their number; tensor-parallel peers share a rank and a batch."""
+    sampler = fabric.strategy.distributed_sampler_kwargs or {}
+    return sampler.get("rank", fabric.global_rank), sampler.get("num_replicas", fabric.world_size)

@@ -27,7 +27,7 @@ from {{ cookiecutter.package_name }}.checkpoint import (
 )
 from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, TrainConfig, dump_recipe, parse_recipe
 from {{ cookiecutter.package_name }}.data import Batch, TrainBatches, load_tokens, split_tokens, validation_batches
-from {{ cookiecutter.package_name }}.fabric_setup import build_fabric
+from {{ cookiecutter.package_name }}.fabric_setup import build_fabric, data_parallel_rank_and_size, setup_model_and_optimizer
 from {{ cookiecutter.package_name }}.faults import fault_point
 from {{ cookiecutter.package_name }}.model import GPT, training_flops_per_token
 from {{ cookiecutter.package_name }}.observe import Monitor, build_loggers, finish_loggers, log_config, logger_location, new_run_id
@@ -48,19 +48,21 @@ def train(recipe: Recipe) -> None:
     fabric.print(f"Recipe:\n{dump_recipe(recipe)}")
 
     # Every rank builds the full model from the same seed; the strategy then shards or replicates it.
-    with fabric.init_module():
+    # (With strategy.meta_init the model is built on the meta device and materialised sharded.)
+    with fabric.init_module(empty_init=recipe.strategy.meta_init):
         model = GPT(recipe.model)
-    model = fabric.setup_module(model)
-    optimizer = fabric.setup_optimizers(build_optimizer(model, recipe.train))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(learning_rate_factor, config=recipe.train))
+    make_optimizer = partial(build_optimizer, config=recipe.train)
+    model, optimizer, base_optimizer = setup_model_and_optimizer(fabric, model, recipe, make_optimizer)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(base_optimizer, partial(learning_rate_factor, config=recipe.train))
+    dp_rank, dp_size = data_parallel_rank_and_size(fabric)  # tensor-parallel peers see the same batches
 
     batches = TrainBatches(
         train_tokens,
         block_size=recipe.model.block_size,
         micro_batch_size=recipe.train.micro_batch_size,
         grad_accum_steps=recipe.train.grad_accum_steps,
-        dp_rank=fabric.global_rank,
-        dp_size=fabric.world_size,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
         seed=recipe.train.seed,
     )
     val_batches = validation_batches(
@@ -68,8 +70,8 @@ def train(recipe: Recipe) -> None:
         recipe.model.block_size,
         recipe.train.micro_batch_size,
         recipe.eval.batches,
-        dp_rank=fabric.global_rank,
-        dp_size=fabric.world_size,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
     )
     state: dict[str, Any] = {
         "model": model,
@@ -103,7 +105,7 @@ def train(recipe: Recipe) -> None:
                 fabric.backward(loss / accumulate)
             loss_sum += loss.detach()
         grad_norm = None
-        if recipe.train.grad_clip > 0:
+        if recipe.train.grad_clip > 0 and recipe.strategy.name != "deepspeed":  # DeepSpeed clips in its step
             grad_norm = fabric.clip_gradients(model, optimizer, max_norm=recipe.train.grad_clip)
         optimizer.step()
         scheduler.step()

@@ -1,0 +1,235 @@
+"""Each strategy recipe builds the exact Fabric strategy it promises; impossible combinations get one line, exit 2.
+
+FSDP1 and DeepSpeed run only on GPUs (Fabric refuses them on CPU), so here their recipes are checked
+by the strategy object and DeepSpeed config they produce; `scripts/gpu_check.sh` runs them on a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import RECIPES, run_cli
+from lightning.fabric.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
+from torch.distributed.fsdp import CPUOffload, ShardingStrategy
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, load_recipe, parse_recipe
+from {{ cookiecutter.package_name }}.fabric_setup import build_fabric, build_strategy, check_hardware, deepspeed_config
+from {{ cookiecutter.package_name }}.model import GPT, Block
+from {{ cookiecutter.package_name }}.parallel import prepare_blocks
+
+
+def recipe(name: str, *overrides: str) -> Recipe:
+    return parse_recipe(["--config", str(RECIPES / f"{name}.yaml"), *overrides])
+
+
+def fail_with(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run the CLI in-process, assert exit code 2 and a one-line error; return that line."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("name", "sharding", "offload", "mesh"),
+    [
+        ("fsdp1-node", ShardingStrategy.FULL_SHARD, False, None),
+        ("fsdp1-shard-grad-op-node", ShardingStrategy.SHARD_GRAD_OP, False, None),
+        ("fsdp1-hybrid-multinode", ShardingStrategy.HYBRID_SHARD, False, (4, 8)),
+        ("fsdp1-offload-node", ShardingStrategy.FULL_SHARD, True, None),
+    ],
+)
+def test_fsdp1_recipes_build_fabrics_fsdp_strategy(name: str, sharding: ShardingStrategy, offload: bool, mesh) -> None:
+    strategy = build_strategy(recipe(name))
+    assert type(strategy) is FSDPStrategy
+    assert strategy.sharding_strategy == sharding
+    assert strategy.cpu_offload == CPUOffload(offload_params=offload)
+    assert strategy._state_dict_type == "sharded"
+    assert strategy._process_group_backend == "nccl" and strategy._timeout == timedelta(minutes=30)
+    assert strategy._fsdp_kwargs.get("device_mesh") == mesh
+    # One FSDP unit, and one activation checkpoint, per transformer block.
+    assert strategy._fsdp_kwargs["auto_wrap_policy"]._module_classes == {Block}
+    assert strategy._activation_checkpointing_kwargs["auto_wrap_policy"]._module_classes == {Block}
+
+
+DEEPSPEED_BASE = {
+    "gradient_accumulation_steps": 1,
+    "gradient_clipping": 1.0,
+    "zero_force_ds_cpu_optimizer": False,
+    "zero_allow_untested_optimizer": True,
+    "bf16": {"enabled": True},
+}
+CPU_OFFLOAD = {"device": "cpu", "pin_memory": True}
+NVME_OFFLOAD = {"device": "nvme", "nvme_path": "/local_nvme", "pin_memory": True}
+
+
+@pytest.mark.parametrize(
+    ("name", "micro_batch", "zero_extra"),
+    [
+        ("deepspeed-zero1-node", 8, {"stage": 1}),
+        ("deepspeed-zero2-node", 8, {"stage": 2}),
+        ("deepspeed-zero3-node", 4, {"stage": 3}),
+        (
+            "deepspeed-zero3-offload-node",
+            1,
+            {"stage": 3, "offload_optimizer": CPU_OFFLOAD, "offload_param": CPU_OFFLOAD},
+        ),
+        (
+            "deepspeed-zero3-offload-multinode",
+            1,
+            {"stage": 3, "offload_optimizer": CPU_OFFLOAD, "offload_param": CPU_OFFLOAD},
+        ),
+        (
+            "deepspeed-zero3-nvme-node",
+            1,
+            {"stage": 3, "offload_optimizer": NVME_OFFLOAD, "offload_param": NVME_OFFLOAD},
+        ),
+    ],
+)
+def test_deepspeed_recipes_give_the_exact_config_and_strategy(name: str, micro_batch: int, zero_extra: dict) -> None:
+    config = deepspeed_config(recipe(name))
+    expected = {
+        **DEEPSPEED_BASE,
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "zero_optimization": {"overlap_comm": True, "contiguous_gradients": True, **zero_extra},
+    }
+    if "nvme" in name:
+        expected["aio"] = {"block_size": 1048576, "queue_depth": 8, "single_submit": False, "overlap_events": True}
+    assert config == expected
+
+    strategy = build_strategy(recipe(name))
+    assert type(strategy) is DeepSpeedStrategy
+    assert strategy.config == expected
+    assert strategy.process_group_backend == "nccl"
+
+
+def test_deepspeed_config_follows_precision_and_clipping() -> None:
+    config = deepspeed_config(recipe("deepspeed-zero2-node", "--precision", "32-true", "--train.grad_clip", "0.5"))
+    assert "bf16" not in config and config["gradient_clipping"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("name", "data_parallel", "tensor_parallel"),
+    [("fsdp2-node", 8, 1), ("hsdp-multinode", 32, 1), ("fsdp2-tp-multinode", 4, 8), ("cpu-tp-debug", 2, 2)],
+)
+def test_model_parallel_recipes_build_the_device_mesh_sizes(
+    name: str, data_parallel: int, tensor_parallel: int
+) -> None:
+    strategy = build_strategy(recipe(name))
+    assert isinstance(strategy, ModelParallelStrategy)
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (data_parallel, tensor_parallel)
+    assert strategy._parallelize_fn.keywords["num_nodes"] == recipe(name).num_nodes
+
+
+def test_ddp_recipe_builds_ddp() -> None:
+    assert type(build_strategy(recipe("ddp-node"))) is DDPStrategy
+
+
+def test_activation_checkpointing_wraps_every_kth_block_and_keeps_parameter_names() -> None:
+    config = recipe("cpu-debug", "--model.n_layer", "5", "--strategy.activation_checkpointing", "true")
+    config.strategy.activation_checkpointing_every = 2
+    model = GPT(config.model)
+    names = list(model.state_dict())
+    prepare_blocks(model, config.strategy)
+    wrapped = [type(block).__name__ == "CheckpointWrapper" for block in model.blocks]
+    assert wrapped == [True, False, True, False, True]
+    assert list(model.state_dict()) == names  # checkpoints load with checkpointing on or off
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["--strategy.tensor_parallel_size", "3"], "strategy.tensor_parallel_size=3 does not divide devices=2"),
+        (["--strategy.name", "hsdp"], "strategy.name=hsdp needs num_nodes >= 2"),
+        (["--strategy.name", "deepspeed"], "strategy.name=deepspeed needs CUDA GPUs"),
+        (["--strategy.name", "fsdp"], "strategy.name=fsdp needs CUDA GPUs"),
+        (["--strategy.float8", "true"], "strategy.float8=true needs GPUs"),
+        (["--strategy.name", "ddp", "--strategy.tensor_parallel_size", "2"], "applies only to strategy.name=fsdp2"),
+        (["--strategy.name", "ddp", "--strategy.meta_init", "true"], "strategy.meta_init=True applies only"),
+    ],
+)
+def test_impossible_combinations_on_cpu_are_one_line_exit_2(
+    overrides: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_dir = tmp_path / "run"
+    argv = ["train", "--config", str(RECIPES / "cpu-debug.yaml"), "--out_dir", str(out_dir), *overrides]
+    assert message in fail_with(argv, capsys)
+    assert not out_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["--strategy.offload_optimizer", "nvme", "--strategy.nvme_path", "null"], "needs strategy.nvme_path"),
+        (
+            ["--strategy.deepspeed_stage", "2", "--strategy.offload_parameters", "cpu"],
+            "needs strategy.deepspeed_stage=3",
+        ),
+        (
+            ["--strategy.deepspeed_stage", "2", "--strategy.offload_optimizer", "nvme"],
+            "needs strategy.deepspeed_stage=3",
+        ),
+        (["--strategy.deepspeed_stage", "4"], "strategy.deepspeed_stage"),
+        (["--strategy.offload_optimizer", "disk"], "strategy.offload_optimizer"),
+    ],
+)
+def test_deepspeed_offload_mistakes_name_the_field(
+    overrides: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["train", "--config", str(RECIPES / "deepspeed-zero3-nvme-node.yaml"), *overrides]
+    assert message in fail_with(argv, capsys)
+
+
+def test_hybrid_shard_on_one_node_and_tensor_parallel_over_heads_are_refused() -> None:
+    with pytest.raises(RecipeError, match=r"strategy\.fsdp_sharding=HYBRID_SHARD needs num_nodes >= 2"):
+        recipe("fsdp1-hybrid-multinode", "--num_nodes", "1")
+    with pytest.raises(RecipeError, match=r"tensor_parallel_size=8 does not divide model\.n_head=12"):
+        recipe("fsdp2-tp-multinode", "--model.n_head", "12", "--model.n_embd", "768")
+
+
+@pytest.mark.parametrize("name", ["deepspeed-zero3-offload-node", "fsdp1-node"])
+def test_gpu_only_strategy_with_auto_accelerator_is_refused_where_auto_means_cpu(name: str) -> None:
+    config = recipe(name, "--accelerator", "auto", "--devices", "2", "--strategy.process_group_backend", "null")
+    with pytest.raises(RecipeError, match=f"strategy.name={config.strategy.name} needs CUDA GPUs and this machine"):
+        check_hardware(config, "cpu", None)
+    if not torch.cuda.is_available():  # on this machine auto is cpu: the same line, before anything launches
+        with pytest.raises(RecipeError, match="needs CUDA GPUs and this machine has none"):
+            build_fabric(config, [])
+
+
+def test_gpu_checks_refuse_bf16_and_float8_on_gpus_without_them() -> None:
+    with pytest.raises(RecipeError, match=r"precision=bf16-mixed needs a GPU with bf16 .* this GPU has 7.0"):
+        check_hardware(recipe("fsdp2-node"), "cuda", (7, 0))
+    with pytest.raises(RecipeError, match=r"strategy.float8=true needs compute capability 8.9\+ .* has 8.0"):
+        check_hardware(recipe("fsdp2-float8-node"), "cuda", (8, 0))
+    if importlib.util.find_spec("torchao") is None:  # an H100 is accepted once torchao is installed
+        with pytest.raises(RecipeError, match=r"strategy\.float8=true needs torchao: pip install torchao"):
+            check_hardware(recipe("fsdp2-float8-node"), "cuda", (9, 0))
+    else:
+        check_hardware(recipe("fsdp2-float8-node"), "cuda", (9, 0))
+
+
+def test_recipes_validate_explains_that_gpu_only_recipes_need_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["recipes", "validate", "deepspeed-zero3-offload-multinode", "fsdp1-node", "cpu-tp-debug"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert (
+        "strategy deepspeed" in lines[0] and "needs CUDA GPUs: Fabric runs strategy deepspeed only on GPUs" in lines[0]
+    )
+    assert "needs CUDA GPUs: Fabric runs strategy fsdp only on GPUs" in lines[1]
+    assert "CPU, strategy fsdp2" in lines[2] and "needs" not in lines[2]
+
+
+def test_the_library_has_a_recipe_per_strategy() -> None:
+    names = {p.stem for p in RECIPES.glob("*.yaml")}
+    assert {"fsdp1-node", "hsdp-multinode", "deepspeed-zero3-offload-multinode", "fsdp2-tp-multinode"} <= names
+    assert {"fsdp2-float8-node", "fsdp2-large-node", "cpu-tp-debug", "cpu-hsdp-debug"} <= names
+    assert all(isinstance(load_recipe(RECIPES / f"{name}.yaml"), Recipe) for name in names)
+    result = run_cli("recipes", "validate", "cpu-hsdp-debug")
+    assert result.returncode == 0 and "4 process(es) = 2 device(s) x 2 node(s), CPU, strategy hsdp" in result.stdout
