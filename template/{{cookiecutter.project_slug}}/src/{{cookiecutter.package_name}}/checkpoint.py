@@ -187,7 +187,7 @@ class Checkpointer:
         else:
             self.fabric.save(partial / "state", state)
             self.fabric.barrier()
-            fault_point("kill-in-save", step)
+            fault_point("in-save", step, self.recipe.out_dir)
             self._finish(partial, meta)
             self.fabric.barrier()
         self._last_save_time = time.monotonic()
@@ -198,7 +198,7 @@ class Checkpointer:
         if self._pending is not None and self.fabric.global_rank == 0 and self._pending[0].done():
             future, partial, meta = self._pending
             future.result()  # on the coordinator, done means every rank's shard and the metadata are written
-            fault_point("kill-in-save", meta["step"])
+            fault_point("in-save", meta["step"], self.recipe.out_dir)
             self._finish(partial, meta)
             self._pending = (future, None, meta)
 
@@ -210,7 +210,7 @@ class Checkpointer:
         self._pending = None
         future.result()
         if partial is not None:  # not yet made visible by poll()
-            fault_point("kill-in-save", meta["step"])
+            fault_point("in-save", meta["step"], self.recipe.out_dir)
             self._finish(partial, meta)
         self.fabric.barrier()
 

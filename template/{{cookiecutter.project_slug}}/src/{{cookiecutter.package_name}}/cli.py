@@ -1,4 +1,4 @@
-"""Command line: `train`, `recipes list|show|copy|validate`, and `checkpoint list|inspect|consolidate`.
+"""Command line: `train`, `recipes list|show|copy|validate`, `checkpoint list|inspect|consolidate`, and `slurm`.
 
 Every user error ends in one line on stderr naming what is wrong and what is allowed, exit code 2.
 """
@@ -8,10 +8,12 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from jsonargparse import ArgumentParser
 
 from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, load_recipe, needs_gpu, parse_recipe, recipe_parser
+from {{ cookiecutter.package_name }}.errors import TrainingStopped
 
 PROG = "{{ cookiecutter.project_slug }}"
 
@@ -193,7 +195,30 @@ def build_parser() -> ArgumentParser:
     consolidate.add_argument("path", help="A checkpoint folder (step-N).")
     consolidate.add_argument("output", help="File to write the model weights to.")
     checkpoint_commands.add_subcommand("consolidate", consolidate, help="One weights file for plain PyTorch.")
+
+    slurm = ArgumentParser(exit_on_error=False, description="Print an sbatch script for a recipe (nodes, tasks, GPUs).")
+    slurm.add_argument("recipe", help="Recipe name or path.")
+    slurm.add_argument("--time", default="24:00:00", help="Time limit (HH:MM:SS or D-HH:MM:SS).")
+    slurm.add_argument("--partition", default=None, help="SLURM partition.")
+    slurm.add_argument("--account", default=None, help="SLURM account.")
+    slurm.add_argument("--job_name", default=PROG, help="Job name.")
+    slurm.add_argument("--cpus_per_task", type=int, default=8, help="CPU cores per task (data loading, threads).")
+    commands.add_subcommand("slurm", slurm, help=f"Write an sbatch script: {PROG} slurm RECIPE > job.sbatch.")
     return parser
+
+
+def print_sbatch(args: Any) -> None:
+    """Print the sbatch script for a recipe; its counts come from the recipe."""
+    from {{ cookiecutter.package_name }}.slurm import sbatch_script
+
+    path = find_recipe(args.recipe)
+    recipe = load_recipe(path)
+    if args.cpus_per_task < 1:
+        raise RecipeError(f"--cpus_per_task={args.cpus_per_task} must be >= 1")
+    print(
+        sbatch_script(recipe, str(path), args.time, args.partition, args.account, args.job_name, args.cpus_per_task),
+        end="",
+    )
 
 
 def run(argv: list[str]) -> None:
@@ -208,6 +233,9 @@ def run(argv: list[str]) -> None:
         args = build_parser().parse_args(argv)
     except Exception as error:  # jsonargparse's ArgumentError spans lines; keep the first
         raise RecipeError(str(error).strip().splitlines()[0]) from None
+    if args.command == "slurm":
+        print_sbatch(args.slurm)
+        return
     if args.command == "checkpoint":
         sub = args.checkpoint
         if sub.action == "list":
@@ -235,3 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     except RecipeError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except TrainingStopped as stopped:  # preempted (exit 75: requeued) or a non-finite loss (exit 3)
+        from {{ cookiecutter.package_name }}.train import report_stop
+
+        report_stop(stopped)

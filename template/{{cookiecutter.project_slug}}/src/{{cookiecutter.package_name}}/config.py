@@ -82,6 +82,10 @@ class TrainConfig:
         beta2: AdamW beta2.
         grad_clip: Clip the global gradient norm to this value; 0 disables clipping.
         seed: Seed for the model initialisation and the data order.
+        on_nonfinite_loss: What a step whose loss is NaN or infinite on any rank does: stop (exit
+            code 3 with a message naming the step; the last checkpoint is kept) or skip (every rank
+            skips that optimizer update, the step still counts and consumes its batch, and
+            train/skipped_steps is logged).
     """
 
     max_steps: int = 100
@@ -95,6 +99,7 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     seed: int = 1337
+    on_nonfinite_loss: Literal["stop", "skip"] = "stop"
 
 
 @dataclass

@@ -1,9 +1,14 @@
 """Fault injection for tests of preemption and crash recovery; inert unless TRAIN_FAULT is set.
 
-TRAIN_FAULT=<kind>:<step> where kind is
-  kill-at-step   SIGKILL the whole job (every rank, as a lost node would) right after that optimizer step
-  kill-in-save   SIGKILL the whole job while the checkpoint of that step is being written
-The job is killed through its process group, so start it in a new session (setsid or
+TRAIN_FAULT=<kind>:<step>[:<signal>] where kind is
+  kill-at-step        SIGKILL the whole job (every rank, as a lost node would) right after that optimizer step
+  kill-in-save        SIGKILL the whole job while the checkpoint of that step is being written
+  crash-once-at-step  the last rank exits with code 1 after that step (one dead worker), the first time only:
+                      a marker file in <out_dir>/faults/ survives the restart, so a restarted job runs through
+  signal-at-step      the last rank sends itself a signal after that step (default USR1, e.g.
+                      `signal-at-step:5:TERM`), as SLURM does before a time limit
+  nan-at-step         the last rank's loss becomes NaN in that step (its gradients too)
+kill-* kill through the process group, so start such a job in a new session (setsid or
 `subprocess.Popen(..., start_new_session=True)`).
 """
 
@@ -11,16 +16,57 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+from pathlib import Path
 
-from lightning.fabric.utilities.rank_zero import rank_zero_only
+import torch
+import torch.distributed as dist
 
 ENV = "TRAIN_FAULT"
+# The loop's points and the faults injected at each.
+POINTS = {
+    "step-end": ("kill-at-step", "crash-once-at-step", "signal-at-step"),
+    "in-save": ("kill-in-save",),
+}
 
 
-def fault_point(kind: str, step: int) -> None:
-    """Kill the job here if TRAIN_FAULT asks for this kind of fault at this step."""
-    spec = os.environ.get(ENV, "")
-    wanted, _, at = spec.partition(":")
-    # Rank 0 pulls the trigger once it has logged the step; the others wait for it in the next collective.
-    if wanted == kind and at.isdigit() and int(at) == step and rank_zero_only.rank == 0:
-        os.killpg(os.getpgid(0), signal.SIGKILL)
+def _wanted() -> tuple[str, int | None, str]:
+    """(kind, step, argument) that TRAIN_FAULT asks for; step None when it asks for nothing."""
+    kind, _, rest = os.environ.get(ENV, "").partition(":")
+    at, _, argument = rest.partition(":")
+    return kind, int(at) if at.isdigit() else None, argument
+
+
+def _rank_and_size() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def fault_point(where: str, step: int, out_dir: str | Path = ".") -> None:
+    """Inject the fault TRAIN_FAULT asks for if it belongs at this point of the loop and this step."""
+    kind, at, argument = _wanted()
+    if at != step or kind not in POINTS[where]:
+        return
+    rank, size = _rank_and_size()
+    if kind in ("kill-at-step", "kill-in-save"):
+        # Rank 0 pulls the trigger once it has logged the step; the others wait for it in the next collective.
+        if rank == 0:
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+    elif rank == size - 1 and kind == "signal-at-step":
+        os.kill(os.getpid(), signal.Signals[f"SIG{argument or 'USR1'}"])
+    elif rank == size - 1 and kind == "crash-once-at-step":
+        marker = Path(out_dir) / "faults" / f"crash-once-at-step-{step}"
+        if not marker.exists():
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+            print(f"{ENV}: rank {rank} crashes after step {step}", file=sys.stderr, flush=True)
+            os._exit(1)
+
+
+def poison_loss(loss: torch.Tensor, step: int) -> torch.Tensor:
+    """The loss, made NaN on the last rank when TRAIN_FAULT=nan-at-step:<step>."""
+    kind, at, _ = _wanted()
+    if kind == "nan-at-step" and at == step and _rank_and_size()[0] == _rank_and_size()[1] - 1:
+        return loss * float("nan")
+    return loss

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from lightning.fabric import Fabric
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from torchmetrics.aggregation import MeanMetric
 
 from {{ cookiecutter.package_name }}.checkpoint import (
@@ -27,10 +28,14 @@ from {{ cookiecutter.package_name }}.checkpoint import (
 )
 from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, TrainConfig, dump_recipe, parse_recipe
 from {{ cookiecutter.package_name }}.data import Batch, TrainBatches, load_tokens, split_tokens, validation_batches
+from {{ cookiecutter.package_name }}.errors import TrainingStopped
 from {{ cookiecutter.package_name }}.fabric_setup import build_fabric, data_parallel_rank_and_size, setup_model_and_optimizer
-from {{ cookiecutter.package_name }}.faults import fault_point
+from {{ cookiecutter.package_name }}.faults import fault_point, poison_loss
+from {{ cookiecutter.package_name }}.launchers import start_processes
+from {{ cookiecutter.package_name }}.loss_guard import LossGuard
 from {{ cookiecutter.package_name }}.model import GPT, training_flops_per_token
 from {{ cookiecutter.package_name }}.observe import Monitor, build_loggers, finish_loggers, log_config, logger_location, new_run_id
+from {{ cookiecutter.package_name }}.preemption import Preemption
 
 
 def train(recipe: Recipe) -> None:
@@ -43,7 +48,7 @@ def train(recipe: Recipe) -> None:
     run_id = (read_meta(resume_from).get("wandb_run_id") if resume_from else None) or new_run_id()
     fabric = build_fabric(recipe, build_loggers(recipe, run_id))
 
-    fabric.launch()
+    start_processes(fabric)  # unless `fabric run` already did
     fabric.seed_everything(recipe.train.seed)
     fabric.print(f"Recipe:\n{dump_recipe(recipe)}")
 
@@ -80,6 +85,7 @@ def train(recipe: Recipe) -> None:
         "data": batches,
         "step": 0,
         "tokens_seen": 0,
+        "skipped_steps": 0,  # updates skipped for a non-finite loss (train.on_nonfinite_loss=skip)
         "wandb_run_id": fabric.broadcast(run_id),  # rank 0's id: the one its logger writes to
     }
     if resume_from is not None:
@@ -94,6 +100,9 @@ def train(recipe: Recipe) -> None:
     flops_per_token = training_flops_per_token(recipe.model)
     monitor = Monitor(fabric, recipe, flops_per_token, state["step"], batches.global_batch_size)
     checkpointer = Checkpointer(fabric, recipe)
+    preemption = Preemption(fabric)  # SIGUSR1/SIGTERM: save at the next step boundary, requeue, exit
+    loss_guard = LossGuard(fabric, recipe.train.on_nonfinite_loss)
+    preempted = False
     model.train()
     while state["step"] < max_steps:
         loss_sum = torch.zeros((), device=fabric.device)
@@ -102,16 +111,21 @@ def train(recipe: Recipe) -> None:
             # Gradients are synchronised only on the last micro-batch of the step.
             with fabric.no_backward_sync(model, enabled=micro_step < accumulate - 1):
                 loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+                loss = poison_loss(loss, state["step"] + 1)  # NaN only under TRAIN_FAULT=nan-at-step
                 fabric.backward(loss / accumulate)
             loss_sum += loss.detach()
         grad_norm = None
-        if recipe.train.grad_clip > 0 and recipe.strategy.name != "deepspeed":  # DeepSpeed clips in its step
-            grad_norm = fabric.clip_gradients(model, optimizer, max_norm=recipe.train.grad_clip)
-        optimizer.step()
+        # A NaN/inf loss on any rank: every rank skips this update (or the run stops), as the recipe says.
+        skip = loss_guard.skip_update(state["step"] + 1, loss_sum, state["skipped_steps"])
+        if not skip:
+            if recipe.train.grad_clip > 0 and recipe.strategy.name != "deepspeed":  # DeepSpeed clips in its step
+                grad_norm = fabric.clip_gradients(model, optimizer, max_norm=recipe.train.grad_clip)
+            optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         state["step"] += 1
         state["tokens_seen"] += tokens_per_step
+        state["skipped_steps"] += skip
         step = state["step"]
         learning_rate = scheduler.get_last_lr()[0]
         monitor.step_end(step, loss_sum / accumulate, grad_norm, learning_rate, state["tokens_seen"], batches.epoch)
@@ -122,17 +136,23 @@ def train(recipe: Recipe) -> None:
             val_loss = validate(fabric, model, val_batches)
             monitor.log_validation(step, val_loss, seconds=time.perf_counter() - started)
         checkpointer.poll()
-        if checkpointer.due(step):
+        preempted = preemption.requested()  # a signal reached some rank: every rank saves this step and stops
+        if checkpointer.due(step) or preempted:
             seconds = checkpointer.save(state)
             monitor.log_checkpoint(step, checkpointer.root / f"step-{step:08d}", seconds=seconds)
-        fault_point("kill-at-step", step)
+        fault_point("step-end", step, recipe.out_dir)  # only under TRAIN_FAULT (tests)
+        if preempted:
+            break
 
     checkpointer.wait()
     monitor.close()
-    fabric.print(f"Done at step {state['step']}. Checkpoints: {checkpoint_root(recipe)}")
+    outcome = "Stopped" if preempted else "Done"
+    fabric.print(f"{outcome} at step {state['step']}. Checkpoints: {checkpoint_root(recipe)}")
     if fabric.global_rank == 0:
         fabric.print(f"Logs: {logger_location(recipe, fabric.loggers)}")
     finish_loggers(fabric.loggers)
+    if preempted:
+        raise preemption.requeue(state["step"])
 
 
 def build_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
@@ -172,6 +192,15 @@ def main(argv: list[str] | None = None) -> None:
     except RecipeError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except TrainingStopped as stopped:
+        report_stop(stopped)
+
+
+def report_stop(stopped: TrainingStopped) -> None:
+    """Print why training stopped early (rank 0; every rank stops for the same reason) and exit with its code."""
+    if rank_zero_only.rank == 0:
+        print(f"stopped: {stopped}", file=sys.stderr, flush=True)
+    sys.exit(stopped.exit_code)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,84 @@
+"""The launchers a job starts under, and the rule that the recipe decides the layout.
+
+A job starts from Fabric itself (`<project> train`: `fabric.launch()` spawns `devices` processes),
+from `fabric run`, from torchrun (static or c10d rendezvous, elastic restarts) or from srun. The
+recipe is the one source of truth for the layout and strategy: a launcher that starts another
+number of processes, or whose `fabric run --devices/--num-nodes/--accelerator/--strategy/--precision`
+flag differs from the recipe, is refused with one line naming both values (exit code 2).
+"""
+
+from __future__ import annotations
+
+import os
+
+from lightning.fabric import Fabric
+from lightning.fabric.plugins.environments import SLURMEnvironment
+
+from {{ cookiecutter.package_name }}.config import Recipe, RecipeError
+
+# `fabric run` exports its flags as LT_* variables for Fabric(...) to compare with its own arguments.
+FABRIC_RUN_FLAGS = ("devices", "num_nodes", "accelerator", "strategy", "precision")
+PRECISION_ALIASES = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "64": "64-true"}
+
+
+def launched_by_fabric_run() -> bool:
+    """Whether `fabric run` started this process (it has then made the processes: no `fabric.launch()`)."""
+    return os.environ.get("LT_CLI_USED") == "1"
+
+
+def start_processes(fabric: Fabric) -> None:
+    """Launch the processes the recipe asks for, unless a launcher already did."""
+    if not launched_by_fabric_run():
+        fabric.launch()
+
+
+def check_launcher(recipe: Recipe, accelerator: str) -> None:
+    """Refuse a launcher whose layout or flags differ from the recipe's (`accelerator`: the resolved one)."""
+    if launched_by_fabric_run():
+        _check_fabric_run(recipe, accelerator)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun, and `fabric run`, which calls it
+        world, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
+        if (world, local) != (recipe.world_size, recipe.devices):
+            raise RecipeError(
+                f"torchrun started {world} process(es), {local} per node, but the recipe asks for"
+                f" devices={recipe.devices} x num_nodes={recipe.num_nodes} = {recipe.world_size}: match"
+                f" --nproc-per-node/--nnodes to the recipe, or override it with --devices {local}"
+                f" --num_nodes {max(1, world // max(local, 1))}"
+            )
+    elif SLURMEnvironment.detect():
+        tasks = int(os.environ["SLURM_NTASKS"])
+        if tasks != recipe.world_size:
+            raise RecipeError(
+                f"srun started {tasks} task(s) but the recipe asks for devices={recipe.devices} x"
+                f" num_nodes={recipe.num_nodes} = {recipe.world_size}: match --nodes/--ntasks-per-node to the"
+                " recipe, or override it with --devices and --num_nodes"
+            )
+
+
+def _check_fabric_run(recipe: Recipe, accelerator: str) -> None:
+    """`fabric run` flags must equal the recipe's values; once checked they are cleared so Fabric uses the recipe's."""
+    wanted = {
+        "devices": str(recipe.devices),
+        "num_nodes": str(recipe.num_nodes),
+        "accelerator": accelerator,
+        "strategy": recipe.strategy.name,
+        "precision": recipe.precision,
+    }
+    for flag in FABRIC_RUN_FLAGS:
+        given = os.environ.get(f"LT_{flag.upper()}")
+        if given is None:
+            continue
+        normalized = {
+            "devices": lambda value: str(len(value.strip(",").split(","))) if "," in value else value,
+            "accelerator": lambda value: "cuda" if value == "gpu" else value,
+            "precision": lambda value: PRECISION_ALIASES.get(value, value),
+        }.get(flag, lambda value: value)(given)
+        if normalized != wanted[flag]:
+            option = flag.replace("_", "-")
+            key = "strategy.name" if flag == "strategy" else flag
+            raise RecipeError(
+                f"fabric run --{option}={given} conflicts with the recipe's {key}={wanted[flag]} (the recipe"
+                f" decides: pass --{option} {wanted[flag]} to fabric run, or omit it, or change the recipe)"
+            )
+    for flag in FABRIC_RUN_FLAGS:
+        os.environ.pop(f"LT_{flag.upper()}", None)

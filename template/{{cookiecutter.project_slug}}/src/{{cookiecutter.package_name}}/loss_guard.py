@@ -1,0 +1,40 @@
+"""What a step whose loss is NaN or infinite on any rank does: stop the run, or skip its update (train.on_nonfinite_loss)."""
+
+from __future__ import annotations
+
+import torch
+from lightning.fabric import Fabric
+
+from {{ cookiecutter.package_name }}.errors import TrainingStopped
+
+NONFINITE_EXIT_CODE = 3
+
+
+class LossGuard:
+    """Checks each step's loss on every rank; all ranks get the same answer, so they skip or stop together."""
+
+    def __init__(self, fabric: Fabric, policy: str) -> None:
+        self.fabric = fabric
+        self.policy = policy
+
+    def skip_update(self, step: int, loss: torch.Tensor, skipped_so_far: int) -> bool:
+        """True when this step's optimizer update must be skipped; raises TrainingStopped when the policy is stop.
+
+        One all_reduce per step: a NaN on one rank must stop or skip every rank, or the replicas diverge.
+        """
+        local = torch.tensor(float(not bool(torch.isfinite(loss).all())), device=self.fabric.device)
+        if self.fabric.all_reduce(local, reduce_op="max").item() == 0:
+            return False
+        if self.policy == "stop":
+            raise TrainingStopped(
+                f"loss is NaN or infinite at step {step} (train.on_nonfinite_loss=stop): lower"
+                " train.learning_rate or raise train.warmup_steps, then resume from the last checkpoint;"
+                " or set train.on_nonfinite_loss=skip",
+                NONFINITE_EXIT_CODE,
+            )
+        self.fabric.print(
+            f"Skipped the update of step {step}: loss is NaN or infinite on some rank"
+            f" (train.on_nonfinite_loss=skip; {skipped_so_far + 1} skipped so far)"
+        )
+        self.fabric.log_dict({"train/skipped_steps": float(skipped_so_far + 1)}, step=step)
+        return True
