@@ -32,18 +32,20 @@ class Preemption:
 
     def __init__(self, fabric: Fabric) -> None:
         self.fabric = fabric
-        self.received: str | None = None  # name of the first signal caught by this rank
+        self.received = 0  # number of the first signal this rank caught
+        self.agreed = 0  # the signal every rank stops for (the highest number caught on any rank)
         for signum in SIGNALS:
             signal.signal(signum, self._catch)
 
     def _catch(self, signum: int, frame: FrameType | None) -> None:
         # Only a flag: saving from inside a handler could interrupt a collective halfway through.
-        self.received = self.received or signal.Signals(signum).name
+        self.received = self.received or signum
 
     def requested(self) -> bool:
         """Whether any rank caught a signal (call at every step boundary on every rank; one tiny all_reduce)."""
-        flag = torch.tensor(float(self.received is not None), device=self.fabric.device)
-        return bool(self.fabric.all_reduce(flag, reduce_op="max").item() > 0)
+        caught = torch.tensor(float(self.received), device=self.fabric.device)
+        self.agreed = int(self.fabric.all_reduce(caught, reduce_op="max").item())
+        return self.agreed > 0
 
     def requeue(self, step: int) -> TrainingStopped:
         """Ask SLURM to requeue this job (rank 0 only); the exception the job exits with (code REQUEUE_EXIT_CODE)."""
@@ -51,7 +53,7 @@ class Preemption:
 
     def _requeue(self, step: int) -> str:
         job = os.environ.get("SLURM_JOB_ID")
-        why = f"stopped at step {step} on {self.received or 'a signal to another rank'}, checkpoint saved"
+        why = f"preempted by {signal.Signals(self.agreed).name} at step {step}, checkpoint saved"
         if job is None:
             return f"{why}; not a SLURM job, so nothing is requeued: rerun with checkpoint.resume=auto to continue"
         if self.fabric.global_rank != 0:
