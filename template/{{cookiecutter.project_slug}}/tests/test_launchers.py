@@ -1,0 +1,219 @@
+"""Launchers agree with the recipe or are refused; sbatch scripts carry the recipe's layout; signals and NaN guards.
+
+No SLURM here: `srun` and `scontrol` are stubs on PATH that record their arguments.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import PROJECT, RECIPES
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.config import RecipeError, load_recipe, parse_recipe
+from {{ cookiecutter.package_name }}.errors import TrainingStopped
+from {{ cookiecutter.package_name }}.launchers import check_launcher
+from {{ cookiecutter.package_name }}.loss_guard import NONFINITE_EXIT_CODE, LossGuard
+from {{ cookiecutter.package_name }}.preemption import Preemption
+from {{ cookiecutter.package_name }}.slurm import REQUEUE_EXIT_CODE, run_lines, sbatch_script
+
+LAUNCHER_VARIABLES = ("LT_CLI_USED", "LT_DEVICES", "LT_NUM_NODES", "LT_ACCELERATOR", "LT_STRATEGY", "LT_PRECISION")
+LAUNCHER_VARIABLES += ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS", "SLURM_JOB_NAME")
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def fabric_run(monkeypatch: pytest.MonkeyPatch, **flags: str) -> None:
+    """The environment `fabric run` gives its processes (it always exports devices and nodes)."""
+    monkeypatch.setenv("LT_CLI_USED", "1")
+    for name, value in {"devices": "1", "num_nodes": "1", **flags}.items():
+        monkeypatch.setenv(f"LT_{name.upper()}", value)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"devices": "1"}, "fabric run --devices=1 conflicts with the recipe's devices=2 (the recipe decides"),
+        ({"devices": "2", "num_nodes": "4"}, "fabric run --num-nodes=4 conflicts with the recipe's num_nodes=1"),
+        (
+            {"devices": "2", "strategy": "ddp"},
+            "fabric run --strategy=ddp conflicts with the recipe's strategy.name=fsdp2",
+        ),
+        (
+            {"devices": "2", "precision": "bf16"},
+            "fabric run --precision=bf16 conflicts with the recipe's precision=32-true",
+        ),
+        (
+            {"devices": "2", "accelerator": "cuda"},
+            "fabric run --accelerator=cuda conflicts with the recipe's accelerator=cpu",
+        ),
+    ],
+)
+def test_fabric_run_flags_must_match_the_recipe(clean_env: pytest.MonkeyPatch, flags: dict, message: str) -> None:
+    fabric_run(clean_env, **flags)
+    with pytest.raises(RecipeError) as error:
+        check_launcher(load_recipe(RECIPES / "cpu-debug.yaml"), "cpu")
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_matching_fabric_run_flags_are_accepted_and_handed_back_to_the_recipe(clean_env: pytest.MonkeyPatch) -> None:
+    # Aliases count as equal (0,1 is two devices, bf16 is bf16-mixed); then Fabric gets the recipe's own values.
+    fabric_run(clean_env, devices="0,1", num_nodes="1", accelerator="cpu", strategy="fsdp2", precision="bf16")
+    recipe = parse_recipe(["--config", str(RECIPES / "cpu-debug.yaml"), "--precision", "bf16-mixed"])
+    check_launcher(recipe, "cpu")
+    assert [name for name in LAUNCHER_VARIABLES[1:6] if name in os.environ] == []
+    assert os.environ["LT_CLI_USED"] == "1"
+
+
+def test_torchrun_with_another_world_size_is_refused(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("TORCHELASTIC_RUN_ID", "job")
+    clean_env.setenv("WORLD_SIZE", "4")
+    clean_env.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(RecipeError, match=r"^torchrun started 4 process\(es\), 2 per node, but the recipe asks for"):
+        check_launcher(load_recipe(RECIPES / "cpu-debug.yaml"), "cpu")
+    clean_env.setenv("WORLD_SIZE", "2")
+    check_launcher(load_recipe(RECIPES / "cpu-debug.yaml"), "cpu")
+
+
+def test_srun_with_another_task_count_is_refused(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("SLURM_NTASKS", "8")
+    clean_env.setenv("SLURM_JOB_NAME", "train")
+    with pytest.raises(RecipeError, match=r"^srun started 8 task\(s\) but the recipe asks for devices=2 x num_nodes=1"):
+        check_launcher(load_recipe(RECIPES / "cpu-debug.yaml"), "cpu")
+
+
+def test_sbatch_script_for_a_four_node_recipe_has_its_nodes_tasks_and_gpus() -> None:
+    script = sbatch_script(load_recipe(RECIPES / "fsdp2-multinode.yaml"), "mine.yaml", "12:00:00", "gpu", "proj")
+    options = [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert options[1:4] == ["--nodes=4", "--ntasks-per-node=8", "--gpus-per-node=8"]
+    assert options[0] == "--job-name={{ cookiecutter.project_slug }}"
+    assert {"--time=12:00:00", "--partition=gpu", "--account=proj", "--requeue", "--signal=USR1@120"} <= set(options)
+    assert "--config mine.yaml" in script and script.endswith("\n".join(run_lines("mine.yaml")[-5:]) + "\n")
+
+
+def test_cpu_recipe_asks_for_no_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["slurm", "cpu-debug", "--time", "1:00:00"])
+    script = capsys.readouterr().out
+    assert "#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=2\n" in script and "gpus" not in script
+
+
+def test_slurm_command_refuses_an_invalid_recipe_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("devices: 0\n")
+    with pytest.raises(SystemExit) as exited:
+        main(["slurm", str(bad)])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "error: recipe 'bad.yaml': devices=0 must be >= 1\n"
+
+
+def executable(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+@pytest.mark.parametrize(("srun_exit", "script_exit"), [(0, 0), (REQUEUE_EXIT_CODE, 0), (1, 1)])
+def test_sbatch_script_reports_a_requeue_as_success_and_passes_failures_on(
+    tmp_path: Path, srun_exit: int, script_exit: int
+) -> None:
+    executable(tmp_path / "srun", f'#!/bin/sh\necho "$@" > {tmp_path / "srun.txt"}\nexit {srun_exit}\n')
+    job = tmp_path / "job.sbatch"
+    job.write_text(sbatch_script(load_recipe(RECIPES / "fsdp2-multinode.yaml"), "mine.yaml"))
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "7"}
+    env.update(SLURM_JOB_NUM_NODES="4", SLURM_NTASKS_PER_NODE="8")
+    result = subprocess.run(["bash", str(job), "--train.max_steps", "5"], env=env, capture_output=True, text=True)
+    assert result.returncode == script_exit, result.stderr
+    assert ("job 7 requeued" in result.stdout) == (srun_exit == REQUEUE_EXIT_CODE)
+    called = (tmp_path / "srun.txt").read_text().split()
+    assert called[called.index("--num_nodes") :] == [
+        "--num_nodes", "4", "--devices", "8", "--checkpoint.resume", "auto", "--train.max_steps", "5",
+    ]  # fmt: skip
+
+
+@pytest.mark.skipif(not (PROJECT / "scripts" / "slurm").is_dir(), reason="project made without SLURM scripts")
+def test_sbatch_template_signals_requeues_and_runs_like_the_generated_script() -> None:
+    template = (PROJECT / "scripts" / "slurm" / "train.sbatch").read_text()
+    assert "#SBATCH --requeue\n" in template and "#SBATCH --signal=USR1@120\n" in template
+    assert "\n".join(run_lines('"$RECIPE"')) in template
+    assert subprocess.run(["bash", "-n", str(PROJECT / "scripts" / "slurm" / "train.sbatch")]).returncode == 0
+
+
+class OneProcess(SimpleNamespace):
+    """The part of Fabric that Preemption and LossGuard use, for a single process."""
+
+    device = torch.device("cpu")
+    global_rank = 0
+
+    def all_reduce(self, tensor: torch.Tensor, reduce_op: str) -> torch.Tensor:
+        return tensor
+
+    def print(self, *args: object) -> None:
+        print(*args)
+
+    def log_dict(self, metrics: dict, step: int) -> None:
+        self.logged = (metrics, step)
+
+
+@pytest.fixture
+def restore_signal_handlers() -> None:
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGUSR1, signal.SIGTERM)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+@pytest.mark.usefixtures("restore_signal_handlers")
+def test_a_signal_only_sets_a_flag_and_rank_zero_requeues_the_slurm_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    executable(tmp_path / "scontrol", f'#!/bin/sh\necho "$@" >> {tmp_path / "calls.txt"}\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "99")
+    preemption = Preemption(OneProcess())
+    assert not preemption.requested()
+    os.kill(os.getpid(), signal.SIGUSR1)  # the process survives: the handler only records it
+    assert preemption.requested()
+    stopped = preemption.requeue(step=12)
+    assert stopped.exit_code == REQUEUE_EXIT_CODE
+    assert (
+        str(stopped)
+        == "preempted by SIGUSR1 at step 12, checkpoint saved; requeued SLURM job 99, it resumes from this checkpoint"
+    )
+    assert (tmp_path / "calls.txt").read_text() == "requeue 99\n"
+
+
+@pytest.mark.usefixtures("restore_signal_handlers")
+def test_outside_slurm_a_signal_stops_without_requeueing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    preemption = Preemption(OneProcess())
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert preemption.requested()
+    assert "not a SLURM job, so nothing is requeued" in str(preemption.requeue(step=3))
+
+
+def test_loss_guard_stops_or_skips_on_nan_and_inf_and_passes_finite_losses() -> None:
+    fabric = OneProcess()
+    assert not LossGuard(fabric, "stop").skip_update(5, torch.tensor(2.5), skipped_so_far=0)
+    with pytest.raises(TrainingStopped) as stopped:
+        LossGuard(fabric, "stop").skip_update(5, torch.tensor(float("inf")), skipped_so_far=0)
+    assert stopped.value.exit_code == NONFINITE_EXIT_CODE and "at step 5" in str(stopped.value)
+    assert LossGuard(fabric, "skip").skip_update(6, torch.tensor(float("nan")), skipped_so_far=2)
+    assert fabric.logged == ({"train/skipped_steps": 3.0}, 6)
+
+
+def test_on_nonfinite_loss_accepts_stop_or_skip_only() -> None:
+    with pytest.raises(RecipeError, match=r"train.on_nonfinite_loss: 'ignore' is not allowed \(choose one of"):
+        parse_recipe(["--config", str(RECIPES / "cpu-debug.yaml"), "--train.on_nonfinite_loss", "ignore"])
