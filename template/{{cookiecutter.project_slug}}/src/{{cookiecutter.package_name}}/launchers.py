@@ -66,14 +66,7 @@ def _check_fabric_run(recipe: Recipe, accelerator: str) -> None:
     }
     for flag in FABRIC_RUN_FLAGS:
         given = os.environ.get(f"LT_{flag.upper()}")
-        if given is None:
-            continue
-        normalized = {
-            "devices": lambda value: str(len(value.strip(",").split(","))) if "," in value else value,
-            "accelerator": lambda value: "cuda" if value == "gpu" else value,
-            "precision": lambda value: PRECISION_ALIASES.get(value, value),
-        }.get(flag, lambda value: value)(given)
-        if normalized != wanted[flag]:
+        if given is not None and _normalized(flag, given) != wanted[flag]:
             option = flag.replace("_", "-")
             key = "strategy.name" if flag == "strategy" else flag
             raise RecipeError(
@@ -82,3 +75,14 @@ def _check_fabric_run(recipe: Recipe, accelerator: str) -> None:
             )
     for flag in FABRIC_RUN_FLAGS:
         os.environ.pop(f"LT_{flag.upper()}", None)
+
+
+def _normalized(flag: str, value: str) -> str:
+    """A `fabric run` flag value in the recipe's terms: `--devices 0,1` is 2, `gpu` is cuda, `bf16` is bf16-mixed."""
+    if flag == "devices" and "," in value:
+        return str(len([index for index in value.split(",") if index.strip()]))
+    if flag == "accelerator" and value == "gpu":
+        return "cuda"
+    if flag == "precision":
+        return PRECISION_ALIASES.get(value, value)
+    return value
