@@ -6,6 +6,7 @@ the reference that the others must match exactly (losses compared as floats, wei
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -59,13 +60,31 @@ def start(command: list[str], **env: str) -> subprocess.Popen:
 
 
 def finish(launch: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a launcher; a hung one is killed with all its processes and fails the test."""
     try:
         stdout, stderr = launch.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(launch.pid, signal.SIGKILL)
+        for pid in [*descendants(launch.pid), launch.pid]:  # torchrun puts its workers in sessions of their own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         stdout, stderr = launch.communicate()
         pytest.fail(f"launcher still running after {timeout} s:\n{stderr[-3000:]}")
     return launch.returncode, stdout, stderr
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process started, directly or not, by `pid` (Linux /proc)."""
+    parents = {}
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat_file.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
 
 
 def two_nodes(launcher: str, out_dir: Path, *extra: str, **env: str) -> list[tuple[int, str, str]]:

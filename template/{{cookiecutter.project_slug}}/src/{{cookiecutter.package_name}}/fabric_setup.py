@@ -19,7 +19,7 @@ from lightning.fabric.loggers import Logger
 from lightning.fabric.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy, Strategy
 
 from {{ cookiecutter.package_name }}.config import Recipe, RecipeError
-from {{ cookiecutter.package_name }}.launchers import check_launcher
+from {{ cookiecutter.package_name }}.launchers import check_launcher, join_restarted_torchrun_group
 from {{ cookiecutter.package_name }}.model import Block
 from {{ cookiecutter.package_name }}.parallel import clip_grad_norm, parallelize, prepare_blocks
 from {{ cookiecutter.package_name }}.strategy_config import GPU_ONLY_STRATEGIES, MODEL_PARALLEL
@@ -154,6 +154,7 @@ def build_fabric(recipe: Recipe, loggers: list[Logger]) -> Fabric:
         raise RecipeError(f"devices={recipe.devices} but this machine has {torch.cuda.device_count()} GPU(s)")
     check_hardware(recipe, accelerator, torch.cuda.get_device_capability() if accelerator == "cuda" else None)
     check_launcher(recipe, accelerator)  # fabric run / torchrun / srun must start the recipe's layout
+    join_restarted_torchrun_group(recipe, accelerator)
     return Fabric(
         accelerator=accelerator,
         devices=recipe.devices,

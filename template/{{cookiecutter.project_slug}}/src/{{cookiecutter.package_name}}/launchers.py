@@ -10,7 +10,10 @@ flag differs from the recipe, is refused with one line naming both values (exit 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
+import torch
+import torch.distributed as dist
 from lightning.fabric import Fabric
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
@@ -30,6 +33,31 @@ def start_processes(fabric: Fabric) -> None:
     """Launch the processes the recipe asks for, unless a launcher already did."""
     if not launched_by_fabric_run():
         fabric.launch()
+
+
+def join_restarted_torchrun_group(recipe: Recipe, accelerator: str) -> None:
+    """After a torchrun restart, join the process group through keys of this attempt only (Fabric then reuses it).
+
+    torchrun's agent keeps its TCPStore across restarts, so the restarted workers can read the
+    addresses that the failed round published and fail to connect ("Connection refused"); a key
+    prefix per restart keeps the rounds apart. Written here because neither torch nor Fabric does it.
+    """
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restart == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or dist.is_initialized():
+        return
+    timeout = timedelta(minutes=recipe.strategy.timeout_minutes)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if accelerator == "cuda" else None
+    if device is not None:
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        recipe.strategy.process_group_backend or ("nccl" if device is not None else "gloo"),
+        store=dist.PrefixStore(f"restart-{restart}/", store),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timeout,
+        device_id=device,
+    )
 
 
 def check_launcher(recipe: Recipe, accelerator: str) -> None:
