@@ -18,7 +18,6 @@ from conftest import PROJECT, RECIPES
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.config import RecipeError, load_recipe, parse_recipe
-from {{ cookiecutter.package_name }}.errors import TrainingStopped
 from {{ cookiecutter.package_name }}.launchers import check_launcher
 from {{ cookiecutter.package_name }}.loss_guard import NONFINITE_EXIT_CODE, LossGuard
 from {{ cookiecutter.package_name }}.preemption import Preemption
@@ -206,11 +205,11 @@ def test_outside_slurm_a_signal_stops_without_requeueing(monkeypatch: pytest.Mon
 
 def test_loss_guard_stops_or_skips_on_nan_and_inf_and_passes_finite_losses() -> None:
     fabric = OneProcess()
-    assert not LossGuard(fabric, "stop").skip_update(5, torch.tensor(2.5), skipped_so_far=0)
-    with pytest.raises(TrainingStopped) as stopped:
-        LossGuard(fabric, "stop").skip_update(5, torch.tensor(float("inf")), skipped_so_far=0)
-    assert stopped.value.exit_code == NONFINITE_EXIT_CODE and "at step 5" in str(stopped.value)
-    assert LossGuard(fabric, "skip").skip_update(6, torch.tensor(float("nan")), skipped_so_far=2)
+    assert LossGuard(fabric, "stop").verdict(5, torch.tensor(2.5), skipped_so_far=0) == "update"
+    assert LossGuard(fabric, "stop").verdict(5, torch.tensor(float("inf")), skipped_so_far=0) == "stop"
+    stopped = LossGuard.stopped(5)
+    assert stopped.exit_code == NONFINITE_EXIT_CODE and str(stopped).startswith("loss is NaN or infinite at step 5 ")
+    assert LossGuard(fabric, "skip").verdict(6, torch.tensor(float("nan")), skipped_so_far=2) == "skip"
     assert fabric.logged == ({"train/skipped_steps": 3.0}, 6)
 
 

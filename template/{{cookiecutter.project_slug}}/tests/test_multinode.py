@@ -233,6 +233,7 @@ def test_a_nan_loss_on_one_rank_stops_the_run_naming_the_step(tmp_path: Path, st
     assert "stopped: loss is NaN or infinite at step 3 (train.on_nonfinite_loss=stop)" in stderr
     assert "Traceback" not in stderr
     assert find_latest(tmp_path / "checkpoints") is None  # nothing saved past the last good checkpoint
+    assert [sorted(losses) for losses in losses_by_run(tmp_path)] == [[1, 2]]  # the logs up to the stop are kept
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])

@@ -17,24 +17,28 @@ class LossGuard:
         self.fabric = fabric
         self.policy = policy
 
-    def skip_update(self, step: int, loss: torch.Tensor, skipped_so_far: int) -> bool:
-        """True when this step's optimizer update must be skipped; raises TrainingStopped when the policy is stop.
+    def verdict(self, step: int, loss: torch.Tensor, skipped_so_far: int) -> str:
+        """update, skip (this step's optimizer update) or stop (the run), the same on every rank.
 
         One all_reduce per step: a NaN on one rank must stop or skip every rank, or the replicas diverge.
         """
         local = torch.tensor(float(not bool(torch.isfinite(loss).all())), device=self.fabric.device)
         if self.fabric.all_reduce(local, reduce_op="max").item() == 0:
-            return False
+            return "update"
         if self.policy == "stop":
-            raise TrainingStopped(
-                f"loss is NaN or infinite at step {step} (train.on_nonfinite_loss=stop): lower"
-                " train.learning_rate or raise train.warmup_steps, then resume from the last checkpoint;"
-                " or set train.on_nonfinite_loss=skip",
-                NONFINITE_EXIT_CODE,
-            )
+            return "stop"
         self.fabric.print(
             f"Skipped the update of step {step}: loss is NaN or infinite on some rank"
             f" (train.on_nonfinite_loss=skip; {skipped_so_far + 1} skipped so far)"
         )
         self.fabric.log_dict({"train/skipped_steps": float(skipped_so_far + 1)}, step=step)
-        return True
+        return "skip"
+
+    @staticmethod
+    def stopped(step: int) -> TrainingStopped:
+        """The exception a run stopped by a non-finite loss exits with (code 3)."""
+        return TrainingStopped(
+            f"loss is NaN or infinite at step {step} (train.on_nonfinite_loss=stop): lower train.learning_rate or"
+            " raise train.warmup_steps, then resume from the last checkpoint; or set train.on_nonfinite_loss=skip",
+            NONFINITE_EXIT_CODE,
+        )

@@ -102,7 +102,7 @@ def train(recipe: Recipe) -> None:
     checkpointer = Checkpointer(fabric, recipe)
     preemption = Preemption(fabric)  # SIGUSR1/SIGTERM: save at the next step boundary, requeue, exit
     loss_guard = LossGuard(fabric, recipe.train.on_nonfinite_loss)
-    preempted = False
+    preempted, verdict = False, "update"
     model.train()
     while state["step"] < max_steps:
         loss_sum = torch.zeros((), device=fabric.device)
@@ -115,9 +115,11 @@ def train(recipe: Recipe) -> None:
                 fabric.backward(loss / accumulate)
             loss_sum += loss.detach()
         grad_norm = None
-        # A NaN/inf loss on any rank: every rank skips this update (or the run stops), as the recipe says.
-        skip = loss_guard.skip_update(state["step"] + 1, loss_sum, state["skipped_steps"])
-        if not skip:
+        # A NaN/inf loss on any rank: every rank skips this update, or the run stops, as the recipe says.
+        verdict = loss_guard.verdict(state["step"] + 1, loss_sum, state["skipped_steps"])
+        if verdict == "stop":
+            break
+        if verdict == "update":
             if recipe.train.grad_clip > 0 and recipe.strategy.name != "deepspeed":  # DeepSpeed clips in its step
                 grad_norm = fabric.clip_gradients(model, optimizer, max_norm=recipe.train.grad_clip)
             optimizer.step()
@@ -125,7 +127,7 @@ def train(recipe: Recipe) -> None:
         optimizer.zero_grad(set_to_none=True)
         state["step"] += 1
         state["tokens_seen"] += tokens_per_step
-        state["skipped_steps"] += skip
+        state["skipped_steps"] += verdict == "skip"
         step = state["step"]
         learning_rate = scheduler.get_last_lr()[0]
         monitor.step_end(step, loss_sum / accumulate, grad_norm, learning_rate, state["tokens_seen"], batches.epoch)
@@ -146,11 +148,13 @@ def train(recipe: Recipe) -> None:
 
     checkpointer.wait()
     monitor.close()
-    outcome = "Stopped" if preempted else "Done"
+    outcome = "Stopped" if preempted or verdict == "stop" else "Done"
     fabric.print(f"{outcome} at step {state['step']}. Checkpoints: {checkpoint_root(recipe)}")
     if fabric.global_rank == 0:
         fabric.print(f"Logs: {logger_location(recipe, fabric.loggers)}")
     finish_loggers(fabric.loggers)
+    if verdict == "stop":
+        raise loss_guard.stopped(state["step"] + 1)
     if preempted:
         raise preemption.requeue(state["step"])
 
