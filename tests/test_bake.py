@@ -62,6 +62,7 @@ def test_every_choice_renders_lints_and_passes_its_quick_tests(tmp_path: Path, l
     assert re.search(rf'name: Literal\[.*\] = "{logger}"', config)
     quick = run([sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider"], cwd=project)
     assert quick.returncode == 0, quick.stdout[-3000:] + quick.stderr[-2000:]
+    assert " passed" in quick.stdout and "skipped" not in quick.stdout, quick.stdout[-500:]
 
 
 def test_custom_names_flow_into_package_command_and_imports(tmp_path: Path) -> None:

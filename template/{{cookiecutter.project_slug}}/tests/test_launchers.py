@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import PROJECT, RECIPES
+from conftest import RECIPES
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.config import RecipeError, load_recipe, parse_recipe
@@ -142,12 +142,16 @@ def test_sbatch_script_reports_a_requeue_as_success_and_passes_failures_on(
     ]  # fmt: skip
 
 
-@pytest.mark.skipif(not (PROJECT / "scripts" / "slurm").is_dir(), reason="project made without SLURM scripts")
+{% if cookiecutter.include_slurm == "yes" -%}
 def test_sbatch_template_signals_requeues_and_runs_like_the_generated_script() -> None:
-    template = (PROJECT / "scripts" / "slurm" / "train.sbatch").read_text()
+    sbatch = RECIPES.parent / "scripts" / "slurm" / "train.sbatch"
+    template = sbatch.read_text()
     assert "#SBATCH --requeue\n" in template and "#SBATCH --signal=USR1@120\n" in template
     assert "\n".join(run_lines('"$RECIPE"')) in template
-    assert subprocess.run(["bash", "-n", str(PROJECT / "scripts" / "slurm" / "train.sbatch")]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(sbatch)]).returncode == 0
+
+
+{% endif -%}
 
 
 class OneProcess(SimpleNamespace):
