@@ -32,6 +32,26 @@ TINY = [
     "1",
 ]
 
+# What every run logs with any logger (CPU runs: no GPU memory figures).
+LOGGED_METRICS = {
+    "train/loss",
+    "train/lr",
+    "train/grad_norm",
+    "throughput/tokens_per_second",
+    "throughput/tokens_per_second_per_device",
+    "throughput/samples_per_second",
+    "throughput/samples_per_second_per_device",
+    "throughput/flops_per_token",
+    "throughput/tflops_per_second_per_device",
+    "throughput/mfu",
+    "memory/host_peak_rss_gib",
+    "time/data_wait_seconds",
+    "time/data_wait_fraction",
+    "time/checkpoint_save_seconds",
+    "val/loss",
+    "val/perplexity",
+}
+
 
 def cli_env() -> dict[str, str]:
     """Environment for a CLI subprocess: the package importable, W&B offline and quiet."""
