@@ -162,19 +162,25 @@ from {package}.model import GPT
 from {package}.parallel import local_training_state_bytes
 from {package}.train import build_optimizer
 
+def measure(fabric, recipe):
+    fabric.seed_everything(recipe.train.seed)
+    with fabric.init_module():
+        model = GPT(recipe.model)
+    model, optimizer, _ = setup_model_and_optimizer(fabric, model, recipe, partial(build_optimizer, config=recipe.train))
+    tokens = torch.randint(0, recipe.model.vocab_size, (2, recipe.model.block_size))
+    fabric.backward(F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()))
+    optimizer.step()
+    return local_training_state_bytes(model, optimizer)
+
+
 recipe = parse_recipe(sys.argv[1:])
 fabric = build_fabric(recipe, [])
 fabric.launch()
-fabric.seed_everything(recipe.train.seed)
-with fabric.init_module():
-    model = GPT(recipe.model)
-model, optimizer, _ = setup_model_and_optimizer(fabric, model, recipe, partial(build_optimizer, config=recipe.train))
-tokens = torch.randint(0, recipe.model.vocab_size, (2, recipe.model.block_size))
-fabric.backward(F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()))
-optimizer.step()
-print("STATE_BYTES", json.dumps(local_training_state_bytes(model, optimizer)), flush=True)
+print("STATE_BYTES", json.dumps(measure(fabric, recipe)), flush=True)
+# The model (and DDP's reducer, which holds the process group) is freed on leaving measure(), as it is on leaving
+# train(): destroying the group while they live leaves gloo's threads to be torn down during interpreter exit.
 fabric.barrier()
-torch.distributed.destroy_process_group()  # a clean exit: no rank tears down gloo under the other
+torch.distributed.destroy_process_group()
 """
 
 
@@ -186,7 +192,7 @@ def training_state_bytes(strategy: str, tmp_path: Path) -> list[int]:
     result = subprocess.run(
         [sys.executable, str(script), *args], env=cli_env(), capture_output=True, text=True, timeout=600
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-1500:]}\n{result.stderr[-3000:]}"
     reports = [
         json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines() if line.startswith("STATE_BYTES")
     ]
