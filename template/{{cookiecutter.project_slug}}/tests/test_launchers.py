@@ -22,6 +22,7 @@ from {{ cookiecutter.package_name }}.launchers import check_launcher
 from {{ cookiecutter.package_name }}.loss_guard import NONFINITE_EXIT_CODE, LossGuard
 from {{ cookiecutter.package_name }}.preemption import Preemption
 from {{ cookiecutter.package_name }}.slurm import REQUEUE_EXIT_CODE, run_lines, sbatch_script
+from {{ cookiecutter.package_name }}.step_sync import StepAgreement, agree
 
 LAUNCHER_VARIABLES = ("LT_CLI_USED", "LT_DEVICES", "LT_NUM_NODES", "LT_ACCELERATOR", "LT_STRATEGY", "LT_PRECISION")
 LAUNCHER_VARIABLES += ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS", "SLURM_JOB_NAME")
@@ -186,9 +187,10 @@ def test_a_signal_only_sets_a_flag_and_rank_zero_requeues_the_slurm_job(
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_ID", "99")
     preemption = Preemption(OneProcess())
-    assert not preemption.requested()
+    assert not preemption.requested(agree(OneProcess(), torch.tensor(1.0), preemption.received, False).stop_signal)
     os.kill(os.getpid(), signal.SIGUSR1)  # the process survives: the handler only records it
-    assert preemption.requested()
+    agreed = agree(OneProcess(), torch.tensor(1.0), preemption.received, False)
+    assert agreed.stop_signal == signal.SIGUSR1 and preemption.requested(agreed.stop_signal)
     stopped = preemption.requeue(step=12)
     assert stopped.exit_code == REQUEUE_EXIT_CODE
     assert (
@@ -203,18 +205,29 @@ def test_outside_slurm_a_signal_stops_without_requeueing(monkeypatch: pytest.Mon
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     preemption = Preemption(OneProcess())
     os.kill(os.getpid(), signal.SIGTERM)
-    assert preemption.requested()
+    assert preemption.requested(preemption.received)
     assert "not a SLURM job, so nothing is requeued" in str(preemption.requeue(step=3))
 
 
 def test_loss_guard_stops_or_skips_on_nan_and_inf_and_passes_finite_losses() -> None:
     fabric = OneProcess()
-    assert LossGuard(fabric, "stop").verdict(5, torch.tensor(2.5), skipped_so_far=0) == "update"
-    assert LossGuard(fabric, "stop").verdict(5, torch.tensor(float("inf")), skipped_so_far=0) == "stop"
+
+    def verdict(policy: str, step: int, loss: float, skipped_so_far: int = 0) -> str:
+        nonfinite = agree(fabric, torch.tensor(loss), 0, False).nonfinite_loss
+        return LossGuard(fabric, policy).verdict(step, nonfinite, skipped_so_far)
+
+    assert verdict("stop", 5, 2.5) == "update"
+    assert verdict("stop", 5, float("inf")) == "stop"
     stopped = LossGuard.stopped(5)
     assert stopped.exit_code == NONFINITE_EXIT_CODE and str(stopped).startswith("loss is NaN or infinite at step 5 ")
-    assert LossGuard(fabric, "skip").verdict(6, torch.tensor(float("nan")), skipped_so_far=2) == "skip"
+    assert verdict("skip", 6, float("nan"), skipped_so_far=2) == "skip"
     assert fabric.logged == ({"train/skipped_steps": 3.0}, 6)
+
+
+def test_one_step_agreement_carries_each_flag_as_its_own_max() -> None:
+    agreed = agree(OneProcess(), torch.tensor([1.0, float("-inf")]), signal.SIGTERM, True)
+    assert agreed == StepAgreement(nonfinite_loss=True, stop_signal=signal.SIGTERM, save_due=True)
+    assert agree(OneProcess(), torch.tensor(3.0), 0, False) == StepAgreement(False, 0, False)
 
 
 def test_on_nonfinite_loss_accepts_stop_or_skip_only() -> None:

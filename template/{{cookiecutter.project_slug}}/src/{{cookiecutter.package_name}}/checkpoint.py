@@ -150,16 +150,16 @@ class Checkpointer:
             # Background writes synchronise over their own group, never racing the training collectives.
             self._process_group = torch.distributed.new_group(backend="gloo")
 
-    def due(self, step: int) -> bool:
-        """Whether to save after this step (the same answer on every rank)."""
-        if step >= self.recipe.train.max_steps:
+    def time_is_up(self) -> bool:
+        """Whether save_every_minutes have passed on this rank's clock since the last save (ranks then agree)."""
+        minutes = self.config.save_every_minutes
+        return bool(minutes) and time.monotonic() - self._last_save_time >= 60 * minutes
+
+    def due(self, step: int, time_is_up_on_some_rank: bool) -> bool:
+        """Whether to save after this step; the same answer on every rank when its argument is (step_sync.agree)."""
+        if step >= self.recipe.train.max_steps or time_is_up_on_some_rank:
             return True
-        if self.config.save_every_steps and step % self.config.save_every_steps == 0:
-            return True
-        if self.config.save_every_minutes:
-            elapsed = time.monotonic() - self._last_save_time
-            return bool(self.fabric.broadcast(elapsed >= 60 * self.config.save_every_minutes))
-        return False
+        return bool(self.config.save_every_steps) and step % self.config.save_every_steps == 0
 
     def save(self, state: dict[str, Any]) -> float:
         """Write a checkpoint of `state`; return the seconds the loop was blocked."""

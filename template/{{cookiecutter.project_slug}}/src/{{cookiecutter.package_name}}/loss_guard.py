@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from lightning.fabric import Fabric
 
 from {{ cookiecutter.package_name }}.errors import TrainingStopped
@@ -17,13 +16,13 @@ class LossGuard:
         self.fabric = fabric
         self.policy = policy
 
-    def verdict(self, step: int, loss: torch.Tensor, skipped_so_far: int) -> str:
-        """update, skip (this step's optimizer update) or stop (the run), the same on every rank.
+    def verdict(self, step: int, nonfinite_on_some_rank: bool, skipped_so_far: int) -> str:
+        """update, skip (this step's optimizer update) or stop (the run).
 
-        One all_reduce per step: a NaN on one rank must stop or skip every rank, or the replicas diverge.
+        `nonfinite_on_some_rank` must be the same on every rank (step_sync.agree): a NaN on one rank must
+        stop or skip every rank, or the replicas diverge.
         """
-        local = torch.tensor(float(not bool(torch.isfinite(loss).all())), device=self.fabric.device)
-        if self.fabric.all_reduce(local, reduce_op="max").item() == 0:
+        if not nonfinite_on_some_rank:
             return "update"
         if self.policy == "stop":
             return "stop"

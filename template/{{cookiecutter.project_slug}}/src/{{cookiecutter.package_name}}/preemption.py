@@ -4,8 +4,8 @@ SLURM sends SIGUSR1 before the time limit (`#SBATCH --signal=USR1@120`) and SIGT
 or cancels; Kubernetes and torchrun's agent send SIGTERM. Fabric has no handler for this (the
 Trainer's SLURM connector is not part of Fabric), so it is written here:
 - the signal handler only sets a flag;
-- at each step boundary the ranks agree (all_reduce max of the flag: a signal may reach only some
-  ranks), so all of them save the same step and stop together;
+- at each step the ranks agree (max of the flag over ranks, in step_sync.agree: a signal may reach
+  only some ranks), so all of them save the same step and stop together;
 - rank 0 then runs `scontrol requeue $SLURM_JOB_ID` (on SLURM) and every rank exits with
   REQUEUE_EXIT_CODE, which scripts/slurm/train.sbatch treats as "saved and requeued". The requeued
   job resumes from that checkpoint through `checkpoint.resume: auto`.
@@ -18,7 +18,6 @@ import signal
 import subprocess
 from types import FrameType
 
-import torch
 from lightning.fabric import Fabric
 
 from {{ cookiecutter.package_name }}.errors import TrainingStopped
@@ -41,10 +40,9 @@ class Preemption:
         # Only a flag: saving from inside a handler could interrupt a collective halfway through.
         self.received = self.received or signum
 
-    def requested(self) -> bool:
-        """Whether any rank caught a signal (call at every step boundary on every rank; one tiny all_reduce)."""
-        caught = torch.tensor(float(self.received), device=self.fabric.device)
-        self.agreed = int(self.fabric.all_reduce(caught, reduce_op="max").item())
+    def requested(self, signal_on_some_rank: int) -> bool:
+        """Whether to stop: `signal_on_some_rank` is the max of `received` over ranks (step_sync.agree)."""
+        self.agreed = signal_on_some_rank
         return self.agreed > 0
 
     def requeue(self, step: int) -> TrainingStopped:

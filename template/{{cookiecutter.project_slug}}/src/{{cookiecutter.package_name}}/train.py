@@ -36,6 +36,7 @@ from {{ cookiecutter.package_name }}.loss_guard import LossGuard
 from {{ cookiecutter.package_name }}.model import GPT, training_flops_per_token
 from {{ cookiecutter.package_name }}.observe import Monitor, build_loggers, finish_loggers, log_config, logger_location, new_run_id
 from {{ cookiecutter.package_name }}.preemption import Preemption
+from {{ cookiecutter.package_name }}.step_sync import agree
 
 
 def train(recipe: Recipe) -> None:
@@ -115,8 +116,11 @@ def train(recipe: Recipe) -> None:
                 fabric.backward(loss / accumulate)
             loss_sum += loss.detach()
         grad_norm = None
-        # A NaN/inf loss on any rank: every rank skips this update, or the run stops, as the recipe says.
-        verdict = loss_guard.verdict(state["step"] + 1, loss_sum, state["skipped_steps"])
+        # One all_reduce for what every rank decides together: a NaN/inf loss on some rank (every rank skips
+        # this update, or the run stops, as the recipe says), a stop signal, a time-based checkpoint.
+        agreed = agree(fabric, loss_sum, preemption.received, checkpointer.time_is_up())
+        verdict = loss_guard.verdict(state["step"] + 1, agreed.nonfinite_loss, state["skipped_steps"])
+        preempted = preemption.requested(agreed.stop_signal)  # SIGUSR1/SIGTERM on some rank: save this step, stop
         if verdict == "stop":
             break
         if verdict == "update":
@@ -138,8 +142,7 @@ def train(recipe: Recipe) -> None:
             val_loss = validate(fabric, model, val_batches)
             monitor.log_validation(step, val_loss, seconds=time.perf_counter() - started)
         checkpointer.poll()
-        preempted = preemption.requested()  # a signal reached some rank: every rank saves this step and stops
-        if checkpointer.due(step) or preempted:
+        if checkpointer.due(step, agreed.save_due) or preempted:
             seconds = checkpointer.save(state)
             monitor.log_checkpoint(step, checkpointer.root / f"step-{step:08d}", seconds=seconds)
         fault_point("step-end", step, recipe.out_dir)  # only under TRAIN_FAULT (tests)

@@ -1,0 +1,118 @@
+"""Per-step agreement between ranks: one fused all_reduce (step_sync.agree) against one collective per decision.
+
+    python benchmarks/step_sync.py                     # tiny GPT, FSDP2 on 2 CPU processes (gloo)
+    python benchmarks/step_sync.py --n_layer 4 --n_embd 256 --steps 60
+
+The loop agrees on three things every step (NaN/inf loss, stop signal, time-based save). Deciding
+them one by one costs a collective and a host sync each: the loss check before the optimizer step,
+the signal check after it (on a GPU this also holds the host until the optimizer step has run), and
+with `checkpoint.save_every_minutes` a broadcast of rank 0's clock. Both variants train the same model in
+this one run, alternating in rounds so that drift of the machine hits both alike; the figures are
+medians of the rounds' mean step times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from {{ cookiecutter.package_name }}.config import load_recipe
+from {{ cookiecutter.package_name }}.data import TrainBatches, load_tokens
+from {{ cookiecutter.package_name }}.fabric_setup import build_fabric
+from {{ cookiecutter.package_name }}.model import GPT
+from {{ cookiecutter.package_name }}.step_sync import agree
+from {{ cookiecutter.package_name }}.train import build_optimizer
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "cpu-debug.yaml"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--n_layer", type=int, default=2)
+    parser.add_argument("--n_embd", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=40, help="Steps per round and variant.")
+    parser.add_argument("--rounds", type=int, default=12)
+    args = parser.parse_args()
+
+    recipe = load_recipe(RECIPE)
+    recipe.devices, recipe.logger.name = args.devices, "none"
+    recipe.model.n_layer, recipe.model.n_embd, recipe.model.n_head = args.n_layer, args.n_embd, 2
+    recipe.model.block_size, recipe.train.micro_batch_size = 64, 4
+    fabric = build_fabric(recipe, [])
+    fabric.launch()
+    fabric.seed_everything(0)
+    with fabric.init_module():
+        model = GPT(recipe.model)
+    model = fabric.setup_module(model)
+    optimizer = fabric.setup_optimizers(build_optimizer(model, recipe.train))
+    batches = TrainBatches(
+        load_tokens(recipe.data), recipe.model.block_size, recipe.train.micro_batch_size, 1,
+        fabric.global_rank, fabric.world_size, 0,
+    )  # fmt: skip
+
+    def forward_backward() -> torch.Tensor:
+        inputs, targets = fabric.to_device(batches.next_step()[0])
+        loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        fabric.backward(loss)
+        return loss.detach()
+
+    def per_decision(time_based_save: bool) -> None:
+        loss = forward_backward()
+        nonfinite = torch.tensor(float(not bool(torch.isfinite(loss).all())), device=fabric.device)
+        if fabric.all_reduce(nonfinite, reduce_op="max").item() == 0:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        signal = fabric.all_reduce(torch.tensor(0.0, device=fabric.device), reduce_op="max").item()
+        save_due = fabric.broadcast(False) if time_based_save else False  # rank 0's clock decides
+        assert signal == 0 and not save_due
+
+    def fused() -> None:
+        agreed = agree(fabric, forward_backward(), 0, False)
+        if not agreed.nonfinite_loss:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        assert agreed.stop_signal == 0 and not agreed.save_due
+
+    def mean_step_seconds(step: Callable[[], None]) -> float:
+        fabric.barrier()
+        if fabric.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        if fabric.device.type == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - start) / args.steps
+
+    variants = {
+        "2 all_reduces (loss; signal)": lambda: per_decision(time_based_save=False),
+        "2 all_reduces + broadcast(bool)": lambda: per_decision(time_based_save=True),
+        "1 fused all_reduce (agree)": fused,
+    }
+    for step in variants.values():  # warm up both
+        for _ in range(3):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.rounds):
+        for name, step in variants.items():
+            times[name].append(mean_step_seconds(step))
+    if fabric.global_rank == 0:
+        median = {name: statistics.median(values) for name, values in times.items()}
+        base = median["2 all_reduces (loss; signal)"]
+        print(
+            f"step time, {fabric.world_size} processes on {fabric.device.type},"
+            f" {args.rounds} rounds x {args.steps} steps, model n_layer={args.n_layer} n_embd={args.n_embd}"
+        )
+        for name, seconds in median.items():
+            print(f"  {name:<34} {seconds * 1e3:8.2f} ms/step  = {seconds / base:.3f}x the first")
+
+
+if __name__ == "__main__":
+    main()
