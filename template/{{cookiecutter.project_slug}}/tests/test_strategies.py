@@ -155,6 +155,7 @@ def test_meta_device_init_materialises_a_sharded_model_that_learns(trained: Call
 MEASURE = """
 import json, sys
 from functools import partial
+from pathlib import Path
 import torch, torch.nn.functional as F
 from {package}.config import parse_recipe
 from {package}.fabric_setup import build_fabric, setup_model_and_optimizer
@@ -176,7 +177,8 @@ def measure(fabric, recipe):
 recipe = parse_recipe(sys.argv[1:])
 fabric = build_fabric(recipe, [])
 fabric.launch()
-print("STATE_BYTES", json.dumps(measure(fabric, recipe)), flush=True)
+# One file per rank: two processes printing to one pipe at the same moment can interleave their lines.
+Path("{reports}", "rank-%d.json" % fabric.global_rank).write_text(json.dumps(measure(fabric, recipe)))
 # The model (and DDP's reducer, which holds the process group) is freed on leaving measure(), as it is on leaving
 # train(): destroying the group while they live leaves gloo's threads to be torn down during interpreter exit.
 fabric.barrier()
@@ -186,19 +188,18 @@ torch.distributed.destroy_process_group()
 
 def training_state_bytes(strategy: str, tmp_path: Path) -> list[int]:
     """Per-rank bytes of parameters + gradients + optimizer state after one step with 2 processes."""
-    script = tmp_path / f"measure_{strategy}.py"
-    script.write_text(MEASURE.format(package=PACKAGE))
+    script, reports = tmp_path / f"measure_{strategy}.py", tmp_path / f"reports_{strategy}"
+    reports.mkdir()
+    script.write_text(MEASURE.format(package=PACKAGE, reports=reports))
     args = ["--config", str(RECIPES / "cpu-debug.yaml"), *TINY, "--strategy.name", strategy]
     result = subprocess.run(
         [sys.executable, str(script), *args], env=cli_env(), capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-1500:]}\n{result.stderr[-3000:]}"
-    reports = [
-        json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines() if line.startswith("STATE_BYTES")
-    ]
-    assert len(reports) == 2
-    assert all(report["gradients"] > 0 and report["optimizer"] > 0 for report in reports)
-    return [sum(report.values()) for report in reports]
+    assert sorted(path.name for path in reports.iterdir()) == ["rank-0.json", "rank-1.json"]
+    by_rank = [json.loads((reports / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    assert all(report["gradients"] > 0 and report["optimizer"] > 0 for report in by_rank)
+    return [sum(report.values()) for report in by_rank]
 
 
 def test_fsdp2_holds_about_half_of_ddps_training_state_per_rank(tmp_path: Path) -> None:
