@@ -187,6 +187,12 @@ def test_deepspeed_offload_mistakes_name_the_field(
     assert message in fail_with(argv, capsys)
 
 
+def test_meta_init_under_deepspeed_needs_stage_3() -> None:
+    with pytest.raises(RecipeError, match=r"strategy\.meta_init=true needs strategy\.deepspeed_stage=3"):
+        recipe("deepspeed-zero2-node", "--strategy.meta_init", "true")
+    assert recipe("deepspeed-zero3-offload-node", "--strategy.meta_init", "true").strategy.meta_init
+
+
 def test_hybrid_shard_on_one_node_and_tensor_parallel_over_heads_are_refused() -> None:
     with pytest.raises(RecipeError, match=r"strategy\.fsdp_sharding=HYBRID_SHARD needs num_nodes >= 2"):
         recipe("fsdp1-hybrid-multinode", "--num_nodes", "1")

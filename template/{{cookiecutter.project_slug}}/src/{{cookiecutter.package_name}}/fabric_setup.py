@@ -7,7 +7,8 @@ parallel; its parallelize_fn is `parallel.parallelize`), FSDPStrategy (FSDP1) an
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 from functools import partial
@@ -20,8 +21,8 @@ from lightning.fabric.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStra
 
 from {{ cookiecutter.package_name }}.config import Recipe, RecipeError
 from {{ cookiecutter.package_name }}.launchers import check_launcher, join_restarted_torchrun_group
-from {{ cookiecutter.package_name }}.model import Block
-from {{ cookiecutter.package_name }}.parallel import clip_grad_norm, parallelize, prepare_blocks
+from {{ cookiecutter.package_name }}.model import GPT, Block
+from {{ cookiecutter.package_name }}.parallel import clip_grad_norm, init_zero3_partitioned, parallelize, prepare_blocks
 from {{ cookiecutter.package_name }}.strategy_config import GPU_ONLY_STRATEGIES, MODEL_PARALLEL
 
 FLOAT8_CAPABILITY = (8, 9)  # Ada (L4, L40) and Hopper (H100, H200) and newer have float8 tensor cores
@@ -165,6 +166,25 @@ def build_fabric(recipe: Recipe, loggers: list[Logger]) -> Fabric:
     )
 
 
+def zero_stage_3(recipe: Recipe) -> bool:
+    return recipe.strategy.name == "deepspeed" and recipe.strategy.deepspeed_stage == 3
+
+
+def build_model(fabric: Fabric, recipe: Recipe) -> GPT:
+    """The GPT, built the way the strategy needs it.
+
+    Every rank builds the full model from the same seed and the strategy then shards or replicates it;
+    with strategy.meta_init it is built on the meta device and materialised sharded; under DeepSpeed
+    ZeRO-3 each layer is partitioned as it is built (`deepspeed.zero.Init`, which Fabric enters only
+    with empty_init), then given the GPT-2 init one gathered parameter at a time.
+    """
+    with fabric.init_module(empty_init=recipe.strategy.meta_init or zero_stage_3(recipe)):
+        model = GPT(recipe.model)
+    if zero_stage_3(recipe):
+        init_zero3_partitioned(model)
+    return model
+
+
 def setup_model_and_optimizer(
     fabric: Fabric, model: torch.nn.Module, recipe: Recipe, make_optimizer: Callable[[torch.nn.Module], Any]
 ) -> tuple[Any, Any, torch.optim.Optimizer]:
@@ -184,6 +204,36 @@ def setup_model_and_optimizer(
     model = fabric.setup_module(model)
     optimizer = fabric.setup_optimizers(make_optimizer(model))
     return model, optimizer, optimizer
+
+
+@contextmanager
+def no_backward_sync(fabric: Fabric, model: Any, enabled: bool) -> Iterator[None]:
+    """Skip the gradient reduction of a micro-batch that is not the last of its step (gradient accumulation).
+
+    DeepSpeed does not take Fabric's no_backward_sync (Fabric warns and the engine takes every backward
+    as the end of a step: ZeRO's update then differs from ddp's from the first accumulated step, as
+    tests/test_deepspeed.py shows). Its engine is told where the step's accumulation boundary is instead.
+    """
+    if isinstance(fabric.strategy, DeepSpeedStrategy):
+        fabric.strategy.model.set_gradient_accumulation_boundary(not enabled)
+        yield
+        return
+    with fabric.no_backward_sync(model, enabled=enabled):
+        yield
+
+
+def discard_gradients(fabric: Fabric) -> None:
+    """Drop what a skipped update (a non-finite loss) leaves behind besides the gradients `zero_grad` clears.
+
+    Only DeepSpeed ZeRO-3 keeps more: reduced gradient partitions that its own step would consume.
+    They are dropped the way DeepSpeed drops them when it skips a step itself (`_overflow_clean_up`,
+    not public API); left in place, the next update goes wrong (tests/test_deepspeed.py).
+    """
+    if not isinstance(fabric.strategy, DeepSpeedStrategy):
+        return
+    zero_optimizer = fabric.strategy.model.optimizer
+    if hasattr(zero_optimizer, "_overflow_clean_up"):  # ZeRO-3; ZeRO-1/2 need nothing beyond zero_grad
+        zero_optimizer._overflow_clean_up(zero_optimizer.loss_scale)
 
 
 def data_parallel_rank_and_size(fabric: Fabric) -> tuple[int, int]:

@@ -84,12 +84,16 @@ class GPT(nn.Module):
     def reset_parameters(self) -> None:
         """GPT-2 initialisation; residual projections scaled down by the depth."""
         for name, param in self.named_parameters():
-            if param.dim() < 2:
-                nn.init.zeros_(param) if name.endswith("bias") else nn.init.ones_(param)
-            elif name.endswith("proj.weight"):
-                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
-            else:
-                nn.init.normal_(param, mean=0.0, std=0.02)
+            self.init_parameter(name, param)
+
+    def init_parameter(self, name: str, param: torch.Tensor) -> None:
+        """GPT-2 initialisation of one parameter (`reset_parameters` applies it to all, in order)."""
+        if param.dim() < 2:
+            nn.init.zeros_(param) if name.endswith("bias") else nn.init.ones_(param)
+        elif name.endswith("proj.weight"):
+            nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+        else:
+            nn.init.normal_(param, mean=0.0, std=0.02)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """Logits of shape (batch, time, vocab) for token ids of shape (batch, time)."""

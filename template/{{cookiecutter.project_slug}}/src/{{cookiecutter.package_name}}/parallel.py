@@ -92,6 +92,21 @@ def materialize(model: GPT, device_type: str) -> None:
         model.reset_parameters()
 
 
+def init_zero3_partitioned(model: GPT) -> None:
+    """GPT-2 init of a model built under DeepSpeed ZeRO-3's `deepspeed.zero.Init`, one parameter gathered at a time.
+
+    zero.Init partitions each layer's parameters as soon as the layer is built, so the init at the end of
+    GPT's constructor only sees empty placeholders. Each parameter is gathered whole, initialised, and
+    partitioned again (rank 0's values are kept); every rank draws the same numbers, so the random
+    streams stay equal on all ranks and the weights equal an unsharded build's with the same seed.
+    """
+    import deepspeed  # GPU-strategy extra: imported only for deepspeed recipes
+
+    for name, param in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=0), torch.no_grad():
+            model.init_parameter(name, param)
+
+
 def convert_to_float8(model: GPT) -> None:
     """Swap the blocks' linear layers for torchao's float8 training layers (the head stays in high precision)."""
     from torchao.float8 import convert_to_float8_training  # GPU-only extra: imported only when asked for

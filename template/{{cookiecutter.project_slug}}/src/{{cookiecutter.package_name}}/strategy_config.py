@@ -53,8 +53,9 @@ class StrategyConfig:
         activation_checkpointing_every: Checkpoint every k-th block (1: every block).
         compile: torch.compile each transformer block.
         meta_init: Build the model on the meta device and materialise it sharded, so a model
-            larger than one process's memory can be built (fsdp2, hsdp, fsdp, deepspeed). The
-            initial weights then differ from an ordinary build with the same seed.
+            larger than one process's memory can be built (fsdp2, hsdp, fsdp). The initial
+            weights then differ from an ordinary build with the same seed. deepspeed stage 3
+            always builds the model partitioned (deepspeed.zero.Init), with the same weights.
         float8: fsdp2/hsdp: train the linear layers in float8 with torchao (GPUs with compute
             capability 8.9 or newer: H100, L4, ...).
     """
@@ -144,3 +145,8 @@ def check_strategy(recipe: Recipe) -> None:
                 f"strategy.{key}={where} needs strategy.deepspeed_stage=3"
                 " (stages 1 and 2 offload only the optimizer, and only to cpu)"
             )
+    if name == "deepspeed" and strategy.meta_init and strategy.deepspeed_stage != 3:
+        raise RecipeError(
+            "strategy.meta_init=true needs strategy.deepspeed_stage=3 (stages 1 and 2 keep every parameter whole"
+            " on every rank; stage 3 always builds the model partitioned)"
+        )

@@ -29,11 +29,18 @@ from {{ cookiecutter.package_name }}.checkpoint import (
 from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, TrainConfig, dump_recipe, parse_recipe
 from {{ cookiecutter.package_name }}.data import Batch, TrainBatches, load_tokens, split_tokens, validation_batches
 from {{ cookiecutter.package_name }}.errors import TrainingStopped
-from {{ cookiecutter.package_name }}.fabric_setup import build_fabric, data_parallel_rank_and_size, setup_model_and_optimizer
+from {{ cookiecutter.package_name }}.fabric_setup import (
+    build_fabric,
+    build_model,
+    data_parallel_rank_and_size,
+    discard_gradients,
+    no_backward_sync,
+    setup_model_and_optimizer,
+)
 from {{ cookiecutter.package_name }}.faults import fault_point, poison_loss
 from {{ cookiecutter.package_name }}.launchers import start_processes
 from {{ cookiecutter.package_name }}.loss_guard import LossGuard
-from {{ cookiecutter.package_name }}.model import GPT, training_flops_per_token
+from {{ cookiecutter.package_name }}.model import training_flops_per_token
 from {{ cookiecutter.package_name }}.observe import Monitor, build_loggers, finish_loggers, log_config, logger_location, new_run_id
 from {{ cookiecutter.package_name }}.preemption import Preemption
 from {{ cookiecutter.package_name }}.step_sync import agree
@@ -53,10 +60,7 @@ def train(recipe: Recipe) -> None:
     fabric.seed_everything(recipe.train.seed)
     fabric.print(f"Recipe:\n{dump_recipe(recipe)}")
 
-    # Every rank builds the full model from the same seed; the strategy then shards or replicates it.
-    # (With strategy.meta_init the model is built on the meta device and materialised sharded.)
-    with fabric.init_module(empty_init=recipe.strategy.meta_init):
-        model = GPT(recipe.model)
+    model = build_model(fabric, recipe)  # whole on every rank, or sharded as it is built (meta_init, ZeRO-3)
     make_optimizer = partial(build_optimizer, config=recipe.train)
     model, optimizer, base_optimizer = setup_model_and_optimizer(fabric, model, recipe, make_optimizer)
     scheduler = torch.optim.lr_scheduler.LambdaLR(base_optimizer, partial(learning_rate_factor, config=recipe.train))
@@ -86,7 +90,7 @@ def train(recipe: Recipe) -> None:
         "data": batches,
         "step": 0,
         "tokens_seen": 0,
-        "skipped_steps": 0,  # updates skipped for a non-finite loss (train.on_nonfinite_loss=skip)
+        "skipped_updates": 0,  # non-finite loss, on_nonfinite_loss=skip ("skipped_steps" is DeepSpeed's own key)
         "wandb_run_id": fabric.broadcast(run_id),  # rank 0's id: the one its logger writes to
     }
     if resume_from is not None:
@@ -110,7 +114,7 @@ def train(recipe: Recipe) -> None:
         for micro_step, (inputs, targets) in enumerate(monitor.timed(batches.next_step())):
             inputs, targets = fabric.to_device((inputs, targets))
             # Gradients are synchronised only on the last micro-batch of the step.
-            with fabric.no_backward_sync(model, enabled=micro_step < accumulate - 1):
+            with no_backward_sync(fabric, model, enabled=micro_step < accumulate - 1):
                 loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
                 loss = poison_loss(loss, state["step"] + 1)  # NaN only under TRAIN_FAULT=nan-at-step
                 fabric.backward(loss / accumulate)
@@ -119,7 +123,7 @@ def train(recipe: Recipe) -> None:
         # One all_reduce for what every rank decides together: a NaN/inf loss on some rank (every rank skips
         # this update, or the run stops, as the recipe says), a stop signal, a time-based checkpoint.
         agreed = agree(fabric, loss_sum, preemption.received, checkpointer.time_is_up())
-        verdict = loss_guard.verdict(state["step"] + 1, agreed.nonfinite_loss, state["skipped_steps"])
+        verdict = loss_guard.verdict(state["step"] + 1, agreed.nonfinite_loss, state["skipped_updates"])
         preempted = preemption.requested(agreed.stop_signal)  # SIGUSR1/SIGTERM on some rank: save this step, stop
         if verdict == "stop":
             break
@@ -127,11 +131,13 @@ def train(recipe: Recipe) -> None:
             if recipe.train.grad_clip > 0 and recipe.strategy.name != "deepspeed":  # DeepSpeed clips in its step
                 grad_norm = fabric.clip_gradients(model, optimizer, max_norm=recipe.train.grad_clip)
             optimizer.step()
+        else:  # skip: this step's gradients are dropped (zero_grad below, and what DeepSpeed keeps besides)
+            discard_gradients(fabric)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         state["step"] += 1
         state["tokens_seen"] += tokens_per_step
-        state["skipped_steps"] += verdict == "skip"
+        state["skipped_updates"] += verdict == "skip"
         step = state["step"]
         learning_rate = scheduler.get_last_lr()[0]
         monitor.step_end(step, loss_sum / accumulate, grad_norm, learning_rate, state["tokens_seen"], batches.epoch)
@@ -164,8 +170,10 @@ def train(recipe: Recipe) -> None:
 
 def build_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     """AdamW with weight decay on matrices only (not on norms and biases)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    # Under DeepSpeed ZeRO-3 a parameter is an empty placeholder between uses; ds_shape is its real shape.
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if len(getattr(p, "ds_shape", p.shape)) >= 2]
+    no_decay = [p for p in trained if len(getattr(p, "ds_shape", p.shape)) < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=config.learning_rate, betas=(config.beta1, config.beta2))
 

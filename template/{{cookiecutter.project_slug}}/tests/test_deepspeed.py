@@ -1,0 +1,121 @@
+"""DeepSpeed ZeRO 1-3 run for real on 2 CPU processes (DeepSpeed's CPU accelerator, gloo) through the same loop.
+
+Fabric refuses DeepSpeedStrategy on CPU, so these runs go through tests/deepspeed_on_cpu.py, which
+lifts only that restriction. Every run is compared with a ddp run of the same seed and global batch:
+ZeRO shards the same computation, so the losses must agree, with gradient accumulation, across a
+kill and resume, and when a NaN loss makes every rank skip an update.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import PROJECT, RECIPES, TINY, cli_env, losses_by_run, read_csv_metrics, run_cli
+
+pytestmark = pytest.mark.slow
+
+STEPS = 6
+# Global batch 8 = 2 processes x micro-batch 2 x 2 accumulated micro-batches.
+COMMON = [
+    *TINY,
+    "--train.micro_batch_size", "2", "--train.grad_accum_steps", "2", "--train.max_steps", str(STEPS),
+    "--eval.every_steps", "0", "--checkpoint.save_every_steps", "2", "--logger.name", "csv",
+]  # fmt: skip
+ZERO = {
+    "zero1": ["--strategy.deepspeed_stage", "1"],
+    "zero2": ["--strategy.deepspeed_stage", "2"],
+    "zero3": ["--strategy.deepspeed_stage", "3"],
+    "zero2_offload": ["--strategy.deepspeed_stage", "2", "--strategy.offload_optimizer", "cpu"],
+    "zero3_offload": [
+        "--strategy.deepspeed_stage", "3", "--strategy.offload_optimizer", "cpu", "--strategy.offload_parameters", "cpu",
+    ],
+}  # fmt: skip
+TOLERANCE = 1e-5  # the same computation; ZeRO-3 reduce-scatters where ddp all-reduces (summation order)
+
+
+def train_args(out_dir: Path, *extra: str) -> list[str]:
+    return ["train", "--config", str(RECIPES / "cpu-debug.yaml"), *COMMON, "--out_dir", str(out_dir), *extra]
+
+
+def deepspeed(out_dir: Path, zero: str, *extra: str, fault: str = "") -> subprocess.CompletedProcess:
+    """The command line under tests/deepspeed_on_cpu.py with strategy.name=deepspeed and a ZeRO setup."""
+    env = cli_env()
+    if fault:
+        env["TRAIN_FAULT"] = fault
+    args = train_args(out_dir, "--strategy.name", "deepspeed", *ZERO[zero], *extra)
+    return subprocess.run(
+        [sys.executable, str(PROJECT / "tests" / "deepspeed_on_cpu.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        start_new_session=True,  # a kill fault kills only this job
+    )
+
+
+def succeeded(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert result.returncode == 0, result.stderr[-3000:]
+    for warning in ("does not support skipping the gradient synchronization", "collide with DeepSpeed"):
+        assert warning not in result.stderr  # accumulation and the checkpoint's keys are handled, not warned about
+    return result
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[int, float]]:
+    """Losses of the ddp runs every DeepSpeed run is compared with: plain, and with a NaN at step 3 skipped."""
+    losses = {}
+    for name, fault in (("plain", ""), ("nan_skipped", "nan-at-step:3")):
+        out_dir = tmp_path_factory.mktemp(f"ddp_{name}")
+        args = train_args(out_dir, "--strategy.name", "ddp", "--train.on_nonfinite_loss", "skip")
+        result = run_cli(*args, fault=fault)
+        assert result.returncode == 0, result.stderr[-3000:]
+        (losses[name],) = losses_by_run(out_dir)
+    return losses
+
+
+def assert_close(losses: dict[int, float], expected: dict[int, float]) -> None:
+    assert sorted(losses) == sorted(expected)
+    for step, loss in losses.items():
+        if expected[step] != expected[step]:  # NaN: the skipped step's loss is logged as it was
+            assert loss != loss
+        else:
+            assert loss == pytest.approx(expected[step], abs=TOLERANCE), f"step {step}: {losses} vs {expected}"
+
+
+@pytest.mark.parametrize("zero", ["zero1", "zero2", "zero3"])
+def test_zero_stages_with_gradient_accumulation_train_like_ddp(tmp_path: Path, ddp: dict, zero: str) -> None:
+    succeeded(deepspeed(tmp_path, zero))
+    (losses,) = losses_by_run(tmp_path)
+    assert_close(losses, ddp["plain"])
+
+
+@pytest.mark.parametrize("zero", ["zero2_offload", "zero3_offload"])
+def test_a_killed_zero_run_with_cpu_offload_resumes_where_it_stopped(tmp_path: Path, ddp: dict, zero: str) -> None:
+    killed = deepspeed(tmp_path, zero, fault="kill-at-step:4")  # SIGKILL of the whole job after step 4's save
+    assert killed.returncode != 0
+    resumed = succeeded(deepspeed(tmp_path, zero, "--checkpoint.resume", "auto"))
+    assert "at step 4" in resumed.stdout and "Resumed from" in resumed.stdout
+    before, after = losses_by_run(tmp_path)
+    assert_close(before, {step: ddp["plain"][step] for step in range(1, 5)})
+    assert_close(after, {step: ddp["plain"][step] for step in range(5, STEPS + 1)})
+    assert (tmp_path / "checkpoints" / f"step-{STEPS:08d}" / "meta.json").is_file()
+
+
+@pytest.mark.parametrize("zero", ["zero2", "zero3"])
+def test_a_nan_loss_skips_the_update_on_every_rank_and_the_count_survives_a_resume(
+    tmp_path: Path, ddp: dict, zero: str
+) -> None:
+    skip = ("--train.on_nonfinite_loss", "skip")
+    succeeded(deepspeed(tmp_path, zero, *skip, "--checkpoint.resume", "null", fault="nan-at-step:3"))
+    (losses,) = losses_by_run(tmp_path)
+    assert_close(losses, ddp["nan_skipped"])  # ZeRO-3 would go wrong at step 5 had its gradients been kept
+    # Resumed from step 6, a second NaN is the second skipped update: the count was saved and restored.
+    more = ("--train.max_steps", str(STEPS + 2), "--checkpoint.resume", "auto")
+    succeeded(deepspeed(tmp_path, zero, *skip, *more, fault=f"nan-at-step:{STEPS + 1}"))
+    skipped = [
+        float(row["train/skipped_steps"]) for row in read_csv_metrics(tmp_path) if row.get("train/skipped_steps")
+    ]
+    assert skipped == [1.0, 2.0]
