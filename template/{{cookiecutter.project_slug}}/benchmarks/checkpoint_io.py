@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from {{ cookiecutter.package_name }}.checkpoint import Checkpointer, load_checkpoint
+from {{ cookiecutter.package_name }}.cli import exit_process
 from {{ cookiecutter.package_name }}.config import load_recipe
 from {{ cookiecutter.package_name }}.data import TrainBatches, load_tokens
 from {{ cookiecutter.package_name }}.fabric_setup import build_fabric
@@ -128,6 +129,7 @@ def main() -> None:
             print(f"  {name:<{width}}  {value}")
         if args.dir is None:
             shutil.rmtree(work, ignore_errors=True)
+    exit_process(0)  # leave the process group as the command line does
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from {{ cookiecutter.package_name }}.cli import exit_process
 from {{ cookiecutter.package_name }}.config import load_recipe
 from {{ cookiecutter.package_name }}.data import TrainBatches, load_tokens
 from {{ cookiecutter.package_name }}.fabric_setup import build_fabric
@@ -112,6 +113,7 @@ def main() -> None:
         )
         for name, seconds in median.items():
             print(f"  {name:<34} {seconds * 1e3:8.2f} ms/step  = {seconds / base:.3f}x the first")
+    exit_process(0)  # leave the process group as the command line does
 
 
 if __name__ == "__main__":

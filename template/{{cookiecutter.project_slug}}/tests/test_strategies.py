@@ -157,6 +157,7 @@ import json, sys
 from functools import partial
 from pathlib import Path
 import torch, torch.nn.functional as F
+from {package}.cli import exit_process
 from {package}.config import parse_recipe
 from {package}.fabric_setup import build_fabric, setup_model_and_optimizer
 from {package}.model import GPT
@@ -179,10 +180,8 @@ fabric = build_fabric(recipe, [])
 fabric.launch()
 # One file per rank: two processes printing to one pipe at the same moment can interleave their lines.
 Path("{reports}", "rank-%d.json" % fabric.global_rank).write_text(json.dumps(measure(fabric, recipe)))
-# The model (and DDP's reducer, which holds the process group) is freed on leaving measure(), as it is on leaving
-# train(): destroying the group while they live leaves gloo's threads to be torn down during interpreter exit.
 fabric.barrier()
-torch.distributed.destroy_process_group()
+exit_process(0)  # as the command line ends: leave the process group, skip interpreter teardown
 """
 
 

@@ -5,6 +5,7 @@ Every user error ends in one line on stderr naming what is wrong and what is all
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -258,12 +259,32 @@ def run(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
+    code = 0
     try:
         run(sys.argv[1:] if argv is None else argv)
     except RecipeError as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        code = 2
     except TrainingStopped as stopped:  # preempted (exit 75: requeued) or a non-finite loss (exit 3)
         from {{ cookiecutter.package_name }}.train import report_stop
 
-        report_stop(stopped)
+        code = report_stop(stopped)
+    exit_process(code)
+
+
+def exit_process(code: int) -> None:
+    """End with exit code `code`; a process that joined a process group leaves it and skips interpreter teardown.
+
+    Gloo's worker threads can still be releasing the last collective's tensors while the interpreter
+    tears down; the thread then cannot take the GIL and the process aborts ("terminate called without
+    an active exception", SIGABRT), replacing the exit code (3, 75) that launchers and the SLURM
+    script act on. By now checkpoints are written and loggers finished, so only streams need flushing.
+    """
+    distributed = sys.modules.get("torch.distributed")  # imported only if this process trained
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if code:
+        sys.exit(code)

@@ -26,7 +26,7 @@ from {{ cookiecutter.package_name }}.checkpoint import (
     read_meta,
     resolve_resume,
 )
-from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, TrainConfig, dump_recipe, parse_recipe
+from {{ cookiecutter.package_name }}.config import Recipe, TrainConfig, dump_recipe
 from {{ cookiecutter.package_name }}.data import Batch, TrainBatches, load_tokens, split_tokens, validation_batches
 from {{ cookiecutter.package_name }}.errors import TrainingStopped
 from {{ cookiecutter.package_name }}.fabric_setup import (
@@ -202,20 +202,16 @@ def validate(fabric: Fabric, model: torch.nn.Module, batches: list[Batch]) -> fl
 
 def main(argv: list[str] | None = None) -> None:
     """Script entry point for launchers: `train.py --config recipe.yaml [--key.sub value ...]`."""
-    try:
-        train(parse_recipe(sys.argv[1:] if argv is None else argv))
-    except RecipeError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    except TrainingStopped as stopped:
-        report_stop(stopped)
+    from {{ cookiecutter.package_name }}.cli import main as cli_main
+
+    cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
 
 
-def report_stop(stopped: TrainingStopped) -> None:
-    """Print why training stopped early (rank 0; every rank stops for the same reason) and exit with its code."""
+def report_stop(stopped: TrainingStopped) -> int:
+    """Print why training stopped early (rank 0; every rank stops for the same reason); return its exit code."""
     if rank_zero_only.rank == 0:
         print(f"stopped: {stopped}", file=sys.stderr, flush=True)
-    sys.exit(stopped.exit_code)
+    return stopped.exit_code
 
 
 if __name__ == "__main__":
