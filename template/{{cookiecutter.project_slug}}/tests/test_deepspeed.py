@@ -29,6 +29,8 @@ ZERO = {
     "zero2": ["--strategy.deepspeed_stage", "2"],
     "zero3": ["--strategy.deepspeed_stage", "3"],
     "zero2_offload": ["--strategy.deepspeed_stage", "2", "--strategy.offload_optimizer", "cpu"],
+    "zero1_bf16": ["--strategy.deepspeed_stage", "1", "--precision", "bf16-mixed"],
+    "zero3_bf16": ["--strategy.deepspeed_stage", "3", "--precision", "bf16-mixed"],
     "zero3_offload": [
         "--strategy.deepspeed_stage", "3", "--strategy.offload_optimizer", "cpu", "--strategy.offload_parameters", "cpu",
     ],
@@ -102,6 +104,19 @@ def test_a_killed_zero_run_with_cpu_offload_resumes_where_it_stopped(tmp_path: P
     assert_close(before, {step: ddp["plain"][step] for step in range(1, 5)})
     assert_close(after, {step: ddp["plain"][step] for step in range(5, STEPS + 1)})
     assert (tmp_path / "checkpoints" / f"step-{STEPS:08d}" / "meta.json").is_file()
+
+
+@pytest.mark.parametrize("zero", ["zero1_bf16", "zero3_bf16"])
+def test_a_killed_bf16_zero_run_resumes_to_the_losses_of_an_uninterrupted_one(tmp_path: Path, zero: str) -> None:
+    # DeepSpeed keeps bf16 weights with fp32 master copies (its own bf16 optimizer under ZeRO-1): not ddp's numerics,
+    # so the reference is the same setup run without interruption.
+    succeeded(deepspeed(tmp_path / "uninterrupted", zero))
+    (expected,) = losses_by_run(tmp_path / "uninterrupted")
+    assert deepspeed(tmp_path / "killed", zero, fault="kill-at-step:4").returncode != 0
+    succeeded(deepspeed(tmp_path / "killed", zero, "--checkpoint.resume", "auto"))
+    before, after = losses_by_run(tmp_path / "killed")
+    assert before == {step: expected[step] for step in range(1, 5)}
+    assert after == {step: expected[step] for step in range(5, STEPS + 1)}
 
 
 @pytest.mark.parametrize("zero", ["zero2", "zero3"])
