@@ -1,4 +1,4 @@
-"""Command line: `train`, `recipes list|show|copy|validate`, `checkpoint list|inspect|consolidate`, and `slurm`.
+"""Command line: `train`, `recipes list|show|copy|validate`, `plan`, `checkpoint list|inspect|consolidate`, `slurm`.
 
 Every user error ends in one line on stderr naming what is wrong and what is allowed, exit code 2.
 """
@@ -197,6 +197,12 @@ def build_parser() -> ArgumentParser:
     consolidate.add_argument("output", help="File to write the model weights to.")
     checkpoint_commands.add_subcommand("consolidate", consolidate, help="One weights file for plain PyTorch.")
 
+    planner = ArgumentParser(exit_on_error=False, description="GPU memory of the training state per strategy.")
+    planner.add_argument("recipe", help="Recipe name or path: its model, precision, devices and nodes.")
+    planner.add_argument("--gpu_memory_gib", type=float, default=80.0, help="Memory of one GPU in GiB.")
+    planner.add_argument("--headroom", type=float, default=0.3, help="Fraction of it kept for activations.")
+    commands.add_subcommand("plan", planner, help="Which strategy fits a recipe's model on its GPUs.")
+
     slurm = ArgumentParser(exit_on_error=False, description="Print an sbatch script for a recipe (nodes, tasks, GPUs).")
     slurm.add_argument("recipe", help="Recipe name or path.")
     slurm.add_argument("--time", default="24:00:00", help="Time limit (HH:MM:SS or D-HH:MM:SS).")
@@ -206,6 +212,20 @@ def build_parser() -> ArgumentParser:
     slurm.add_argument("--cpus_per_task", type=int, default=8, help="CPU cores per task (data loading, threads).")
     commands.add_subcommand("slurm", slurm, help=f"Write an sbatch script: {PROG} slurm RECIPE > job.sbatch.")
     return parser
+
+
+def print_plan(args: Any) -> None:
+    """Print the training state per GPU of every strategy for a recipe's model and layout, and a recommendation."""
+    from {{ cookiecutter.package_name }}.model import count_parameters  # imports torch
+    from {{ cookiecutter.package_name }}.plan import plan
+
+    if args.gpu_memory_gib <= 0:
+        raise RecipeError(f"--gpu_memory_gib={args.gpu_memory_gib:g} must be > 0")
+    if not 0 <= args.headroom < 1:
+        raise RecipeError(f"--headroom={args.headroom:g} must be in [0, 1): the fraction of GPU memory kept free")
+    recipe = load_recipe(find_recipe(args.recipe))
+    lines, verdict = plan(recipe, count_parameters(recipe.model), args.gpu_memory_gib, args.headroom)
+    print("\n".join([*lines, "", verdict]))
 
 
 def print_sbatch(args: Any) -> None:
@@ -236,6 +256,9 @@ def run(argv: list[str]) -> None:
         raise RecipeError(str(error).strip().splitlines()[0]) from None
     if args.command == "slurm":
         print_sbatch(args.slurm)
+        return
+    if args.command == "plan":
+        print_plan(args.plan)
         return
     if args.command == "checkpoint":
         sub = args.checkpoint
