@@ -66,8 +66,9 @@ def succeeded(result: subprocess.CompletedProcess) -> subprocess.CompletedProces
 
 
 @pytest.fixture(scope="module")
-def ddp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[int, float]]:
-    """Losses of the ddp runs every DeepSpeed run is compared with: plain, and with a NaN at step 3 skipped."""
+def ddp(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Losses of the ddp runs every DeepSpeed run is compared with (plain, and with a NaN at step 3 skipped),
+    and the plain run's gradient norms."""
     losses = {}
     for name, fault in (("plain", ""), ("nan_skipped", "nan-at-step:3")):
         out_dir = tmp_path_factory.mktemp(f"ddp_{name}")
@@ -75,6 +76,9 @@ def ddp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[int, float]]
         result = run_cli(*args, fault=fault)
         assert result.returncode == 0, result.stderr[-3000:]
         (losses[name],) = losses_by_run(out_dir)
+        if name == "plain":
+            rows = read_csv_metrics(out_dir)
+            losses["grad_norms"] = [float(row["train/grad_norm"]) for row in rows if row.get("train/loss")]
     return losses
 
 
@@ -92,6 +96,9 @@ def test_zero_stages_with_gradient_accumulation_train_like_ddp(tmp_path: Path, d
     succeeded(deepspeed(tmp_path, zero))
     (losses,) = losses_by_run(tmp_path)
     assert_close(losses, ddp["plain"])
+    # The gradient norm DeepSpeed clips with is logged, and it is ddp's.
+    norms = [float(row["train/grad_norm"]) for row in read_csv_metrics(tmp_path) if row.get("train/loss")]
+    assert norms == pytest.approx(ddp["grad_norms"], rel=1e-4)
 
 
 @pytest.mark.parametrize("zero", ["zero2_offload", "zero3_offload"])

@@ -222,6 +222,17 @@ def no_backward_sync(fabric: Fabric, model: Any, enabled: bool) -> Iterator[None
         yield
 
 
+def deepspeed_grad_norm(fabric: Fabric) -> torch.Tensor | None:
+    """The global gradient norm DeepSpeed's ZeRO optimizer measured (and clipped to) in its step; None elsewhere.
+
+    Fabric steps the ZeRO optimizer itself (the engine is not an optimizer to Fabric), so the engine's
+    get_global_grad_norm() is never filled; the optimizer keeps the norm in `_global_grad_norm`.
+    """
+    if not isinstance(fabric.strategy, DeepSpeedStrategy):
+        return None
+    return getattr(fabric.strategy.model.optimizer, "_global_grad_norm", None)
+
+
 def discard_gradients(fabric: Fabric) -> None:
     """Drop what a skipped update (a non-finite loss) leaves behind besides the gradients `zero_grad` clears.
 

@@ -33,6 +33,7 @@ from {{ cookiecutter.package_name }}.fabric_setup import (
     build_fabric,
     build_model,
     data_parallel_rank_and_size,
+    deepspeed_grad_norm,
     discard_gradients,
     no_backward_sync,
     setup_model_and_optimizer,
@@ -131,6 +132,7 @@ def train(recipe: Recipe) -> None:
             if recipe.train.grad_clip > 0 and recipe.strategy.name != "deepspeed":  # DeepSpeed clips in its step
                 grad_norm = fabric.clip_gradients(model, optimizer, max_norm=recipe.train.grad_clip)
             optimizer.step()
+            grad_norm = grad_norm if grad_norm is not None else deepspeed_grad_norm(fabric)
         else:  # skip: this step's gradients are dropped (zero_grad below, and what DeepSpeed keeps besides)
             discard_gradients(fabric)
         scheduler.step()
