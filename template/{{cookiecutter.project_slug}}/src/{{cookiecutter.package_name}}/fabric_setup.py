@@ -222,15 +222,19 @@ def no_backward_sync(fabric: Fabric, model: Any, enabled: bool) -> Iterator[None
         yield
 
 
-def deepspeed_grad_norm(fabric: Fabric) -> torch.Tensor | None:
-    """The global gradient norm DeepSpeed's ZeRO optimizer measured (and clipped to) in its step; None elsewhere.
+def clip_and_step(fabric: Fabric, model: Any, optimizer: Any, max_norm: float) -> torch.Tensor | None:
+    """Clip the global gradient norm to `max_norm` (0: no clipping), step; return the norm before clipping.
 
+    DeepSpeed clips inside its own step (`gradient_clipping` in its config; Fabric cannot clip for it).
     Fabric steps the ZeRO optimizer itself (the engine is not an optimizer to Fabric), so the engine's
     get_global_grad_norm() is never filled; the optimizer keeps the norm in `_global_grad_norm`.
     """
-    if not isinstance(fabric.strategy, DeepSpeedStrategy):
-        return None
-    return getattr(fabric.strategy.model.optimizer, "_global_grad_norm", None)
+    if isinstance(fabric.strategy, DeepSpeedStrategy):
+        optimizer.step()
+        return getattr(fabric.strategy.model.optimizer, "_global_grad_norm", None)
+    grad_norm = fabric.clip_gradients(model, optimizer, max_norm=max_norm) if max_norm > 0 else None
+    optimizer.step()
+    return grad_norm
 
 
 def discard_gradients(fabric: Fabric) -> None:

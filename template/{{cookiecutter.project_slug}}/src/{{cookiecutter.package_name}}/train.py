@@ -32,8 +32,8 @@ from {{ cookiecutter.package_name }}.errors import TrainingStopped
 from {{ cookiecutter.package_name }}.fabric_setup import (
     build_fabric,
     build_model,
+    clip_and_step,
     data_parallel_rank_and_size,
-    deepspeed_grad_norm,
     discard_gradients,
     no_backward_sync,
     setup_model_and_optimizer,
@@ -129,10 +129,7 @@ def train(recipe: Recipe) -> None:
         if verdict == "stop":
             break
         if verdict == "update":
-            if recipe.train.grad_clip > 0 and recipe.strategy.name != "deepspeed":  # DeepSpeed clips in its step
-                grad_norm = fabric.clip_gradients(model, optimizer, max_norm=recipe.train.grad_clip)
-            optimizer.step()
-            grad_norm = grad_norm if grad_norm is not None else deepspeed_grad_norm(fabric)
+            grad_norm = clip_and_step(fabric, model, optimizer, max_norm=recipe.train.grad_clip)
         else:  # skip: this step's gradients are dropped (zero_grad below, and what DeepSpeed keeps besides)
             discard_gradients(fabric)
         scheduler.step()
