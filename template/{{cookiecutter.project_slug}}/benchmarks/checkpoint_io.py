@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -23,8 +24,7 @@ from {{ cookiecutter.package_name }}.checkpoint import Checkpointer, load_checkp
 from {{ cookiecutter.package_name }}.cli import exit_process
 from {{ cookiecutter.package_name }}.config import load_recipe
 from {{ cookiecutter.package_name }}.data import TrainBatches, load_tokens
-from {{ cookiecutter.package_name }}.fabric_setup import build_fabric
-from {{ cookiecutter.package_name }}.model import GPT
+from {{ cookiecutter.package_name }}.fabric_setup import build_fabric, build_model, setup_model_and_optimizer
 from {{ cookiecutter.package_name }}.train import build_optimizer
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "cpu-debug.yaml"
@@ -68,11 +68,10 @@ def main() -> None:
     fabric = build_fabric(recipe, [])
     fabric.launch()
     fabric.seed_everything(0)
-    with fabric.init_module():
-        model = GPT(recipe.model)
+    model = build_model(fabric, recipe)
     parameters = sum(p.numel() for p in model.parameters())
-    model = fabric.setup_module(model)
-    optimizer = fabric.setup_optimizers(build_optimizer(model, recipe.train))
+    make_optimizer = partial(build_optimizer, config=recipe.train)
+    model, optimizer, _ = setup_model_and_optimizer(fabric, model, recipe, make_optimizer)
     batches = TrainBatches(
         load_tokens(recipe.data), recipe.model.block_size, 1, 1, fabric.global_rank, fabric.world_size, 0
     )

@@ -17,6 +17,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,8 +26,7 @@ import torch.nn.functional as F
 from {{ cookiecutter.package_name }}.cli import exit_process
 from {{ cookiecutter.package_name }}.config import load_recipe
 from {{ cookiecutter.package_name }}.data import TrainBatches, load_tokens
-from {{ cookiecutter.package_name }}.fabric_setup import build_fabric
-from {{ cookiecutter.package_name }}.model import GPT
+from {{ cookiecutter.package_name }}.fabric_setup import build_fabric, build_model, setup_model_and_optimizer
 from {{ cookiecutter.package_name }}.step_sync import agree
 from {{ cookiecutter.package_name }}.train import build_optimizer
 
@@ -49,10 +49,8 @@ def main() -> None:
     fabric = build_fabric(recipe, [])
     fabric.launch()
     fabric.seed_everything(0)
-    with fabric.init_module():
-        model = GPT(recipe.model)
-    model = fabric.setup_module(model)
-    optimizer = fabric.setup_optimizers(build_optimizer(model, recipe.train))
+    make_optimizer = partial(build_optimizer, config=recipe.train)
+    model, optimizer, _ = setup_model_and_optimizer(fabric, build_model(fabric, recipe), recipe, make_optimizer)
     batches = TrainBatches(
         load_tokens(recipe.data), recipe.model.block_size, recipe.train.micro_batch_size, 1,
         fabric.global_rank, fabric.world_size, 0,

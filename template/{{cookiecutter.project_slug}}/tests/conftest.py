@@ -62,13 +62,16 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, fault: str = "") -> subprocess.CompletedProcess:
-    """Run `python -m <package> ARGS` in its own session (so an injected fault kills only it); capture its output."""
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 600, fault: str = "", script: Path | None = None
+) -> subprocess.CompletedProcess:
+    """Run `python -m <package> ARGS` (or `python SCRIPT ARGS`) in its own session, so an injected fault kills
+    only it; capture its output."""
     env = cli_env()
     if fault:
         env["TRAIN_FAULT"] = fault
     return subprocess.run(
-        [sys.executable, "-m", PACKAGE, *args],
+        [sys.executable, *([str(script)] if script else ["-m", PACKAGE]), *args],
         cwd=cwd or PROJECT,
         env=env,
         capture_output=True,

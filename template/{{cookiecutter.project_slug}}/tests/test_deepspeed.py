@@ -9,11 +9,10 @@ kill and resume, and when a NaN loss makes every rank skip an update.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT, RECIPES, TINY, cli_env, losses_by_run, read_csv_metrics, run_cli
+from conftest import PROJECT, RECIPES, TINY, losses_by_run, read_csv_metrics, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -44,18 +43,8 @@ def train_args(out_dir: Path, *extra: str) -> list[str]:
 
 def deepspeed(out_dir: Path, zero: str, *extra: str, fault: str = "") -> subprocess.CompletedProcess:
     """The command line under tests/deepspeed_on_cpu.py with strategy.name=deepspeed and a ZeRO setup."""
-    env = cli_env()
-    if fault:
-        env["TRAIN_FAULT"] = fault
     args = train_args(out_dir, "--strategy.name", "deepspeed", *ZERO[zero], *extra)
-    return subprocess.run(
-        [sys.executable, str(PROJECT / "tests" / "deepspeed_on_cpu.py"), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        start_new_session=True,  # a kill fault kills only this job
-    )
+    return run_cli(*args, fault=fault, script=PROJECT / "tests" / "deepspeed_on_cpu.py")
 
 
 def succeeded(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

@@ -163,16 +163,14 @@ from pathlib import Path
 import torch, torch.nn.functional as F
 from {package}.cli import exit_process
 from {package}.config import parse_recipe
-from {package}.fabric_setup import build_fabric, setup_model_and_optimizer
-from {package}.model import GPT
+from {package}.fabric_setup import build_fabric, build_model, setup_model_and_optimizer
 from {package}.parallel import local_training_state_bytes
 from {package}.train import build_optimizer
 
 def measure(fabric, recipe):
     fabric.seed_everything(recipe.train.seed)
-    with fabric.init_module():
-        model = GPT(recipe.model)
-    model, optimizer, _ = setup_model_and_optimizer(fabric, model, recipe, partial(build_optimizer, config=recipe.train))
+    make_optimizer = partial(build_optimizer, config=recipe.train)
+    model, optimizer, _ = setup_model_and_optimizer(fabric, build_model(fabric, recipe), recipe, make_optimizer)
     tokens = torch.randint(0, recipe.model.vocab_size, (2, recipe.model.block_size))
     fabric.backward(F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()))
     optimizer.step()
