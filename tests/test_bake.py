@@ -33,11 +33,17 @@ def assert_ruff_clean(project: Path) -> None:
 def test_default_answers_give_the_documented_layout(default_project: Path) -> None:
     assert default_project.name == "my-project"
     package = default_project / "src" / "my_project"
-    modules = {"cli", "config", "fabric_setup", "parallel", "model", "data", "train", "checkpoint", "observe"}
+    modules = {"cli", "errors", "run", "train", "optim", "data", "checkpoint", "observe", "step_decision"}
     assert modules <= {p.stem for p in package.glob("*.py")}
+    for subpackage, members in {
+        "recipe": {"schema", "load", "checks", "library"},
+        "strategies": {"base", "ddp", "model_parallel", "fsdp1", "deepspeed"},
+        "models": {"gpt"},
+    }.items():
+        assert members <= {p.stem for p in (package / subpackage).glob("*.py")}, subpackage
     for extra in ("pyproject.toml", "README.md", ".github/workflows/ci.yml", "scripts/slurm/train.sbatch"):
         assert (default_project / extra).is_file(), extra
-    assert 'default="wandb"' in (package / "config.py").read_text().replace(" ", "").replace(
+    assert 'default="wandb"' in (package / "recipe" / "schema.py").read_text().replace(" ", "").replace(
         'Literal["wandb","tensorboard","csv","none"]=', "default="
     )
 
@@ -58,7 +64,7 @@ def test_every_choice_renders_lints_and_passes_its_quick_tests(tmp_path: Path, l
     assert_ruff_clean(project)
     assert (project / "scripts" / "slurm" / "train.sbatch").exists() == (include_slurm == "yes")
     assert ("sbatch" in (project / "README.md").read_text()) == (include_slurm == "yes")
-    config = (project / "src" / "my_project" / "config.py").read_text()
+    config = (project / "src" / "my_project" / "recipe" / "schema.py").read_text()
     assert re.search(rf'name: Literal\[.*\] = "{logger}"', config)
     quick = run([sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider"], cwd=project)
     assert quick.returncode == 0, quick.stdout[-3000:] + quick.stderr[-2000:]

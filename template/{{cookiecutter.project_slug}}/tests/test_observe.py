@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LOGGED_METRICS
+from helpers import LOGGED_METRICS
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from {{ cookiecutter.package_name }}.config import LoggerConfig, ModelConfig, Recipe, TrainConfig
-from {{ cookiecutter.package_name }}.model import GPT, training_flops_per_token
+from {{ cookiecutter.package_name }}.models import training_flops_per_token
+from {{ cookiecutter.package_name }}.models.gpt import GPT
 from {{ cookiecutter.package_name }}.observe import (
     Monitor,
     Progress,
@@ -25,6 +25,7 @@ from {{ cookiecutter.package_name }}.observe import (
     peak_tflops,
     wandb_offline,
 )
+from {{ cookiecutter.package_name }}.recipe.schema import LoggerConfig, ModelConfig, Recipe, TrainConfig
 
 
 def test_mfu_is_achieved_model_flops_over_the_dense_peak() -> None:
@@ -113,6 +114,18 @@ def test_without_a_known_peak_tflops_are_logged_but_no_mfu(tmp_path: Path) -> No
     monitor = Monitor(Fabric(accelerator="cpu", devices=1), tiny_recipe(tmp_path), 1_000_000, 0, samples_per_step=4)
     metrics = monitor.throughput(steps=10, seconds=2.0)
     assert "throughput/tflops_per_second_per_device" in metrics and "throughput/mfu" not in metrics
+
+
+def test_a_skipped_update_is_counted_under_one_name_and_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fabric = Fabric(accelerator="cpu", devices=1)
+    logged = []
+    monkeypatch.setattr(fabric, "log_dict", lambda metrics, step: logged.append((metrics, step)))
+    monitor = Monitor(fabric, tiny_recipe(tmp_path), 1_000_000, 0, samples_per_step=4)
+    monitor.log_skipped_update(step=6, skipped_updates=3)
+    assert logged == [({"train/skipped_updates": 3.0}, 6)]
+    assert "Skipped the update of step 6: loss is NaN or infinite on some rank" in capsys.readouterr().out
 
 
 class Terminal(io.StringIO):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import RECIPES
+from helpers import RECIPES
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.config import load_recipe
 from {{ cookiecutter.package_name }}.plan import GIB, OPTIONS, state_bytes
+from {{ cookiecutter.package_name }}.recipe.load import load_recipe
 
 OPTION = {option.label: option for option in OPTIONS}
 
@@ -71,7 +71,7 @@ def test_when_only_offload_fits_it_is_recommended_and_when_nothing_fits_the_plan
 def test_the_table_reports_gib_per_gpu_from_the_recipes_model(capsys: pytest.CaptureFixture[str]) -> None:
     rows, _ = run_plan(capsys, "fsdp2-node")
     recipe = load_recipe(RECIPES / "fsdp2-node.yaml")
-    from {{ cookiecutter.package_name }}.model import count_parameters
+    from {{ cookiecutter.package_name }}.models import count_parameters
 
     expected = state_bytes(count_parameters(recipe.model), recipe.precision, OPTION["fsdp2"], recipe.world_size)
     assert float(rows["fsdp2"][3]) == pytest.approx(expected.total / GIB, abs=0.01)

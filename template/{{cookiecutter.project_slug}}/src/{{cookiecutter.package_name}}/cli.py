@@ -1,164 +1,20 @@
 """Command line: `train`, `recipes list|show|copy|validate`, `plan`, `checkpoint list|inspect|consolidate`, `slurm`.
 
-Every user error ends in one line on stderr naming what is wrong and what is allowed, exit code 2.
+Parse and dispatch only (the commands live in train.py, commands.py and recipe/library.py). Every user
+error ends in one line on stderr naming what is wrong and what is allowed, exit code 2 (errors.py).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
-from pathlib import Path
-from typing import Any
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, load_recipe, needs_gpu, parse_recipe, recipe_parser
-from {{ cookiecutter.package_name }}.errors import TrainingStopped
+from {{ cookiecutter.package_name }}.errors import RecipeError, run_command
+from {{ cookiecutter.package_name }}.recipe.library import copy_recipe, list_recipes, show_recipe
+from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, recipe_parser
 
 PROG = "{{ cookiecutter.project_slug }}"
-
-
-def recipes_dir() -> Path:
-    """The project's recipe library: `recipes/` at the project root, else in the current folder."""
-    beside_source = Path(__file__).resolve().parents[2] / "recipes"
-    return beside_source if beside_source.is_dir() else Path.cwd() / "recipes"
-
-
-def find_recipe(name: str) -> Path:
-    """A recipe by library name (`cpu-debug`) or by path."""
-    path = Path(name)
-    if path.is_file():
-        return path
-    candidate = recipes_dir() / f"{name.removesuffix('.yaml')}.yaml"
-    if candidate.is_file():
-        return candidate
-    available = ", ".join(p.stem for p in sorted(recipes_dir().glob("*.yaml"))) or "none"
-    raise RecipeError(f"recipe {name!r} not found (library recipes: {available})")
-
-
-def summary(path: Path) -> str:
-    """The first header comment line of a recipe: when to choose it."""
-    for line in path.read_text().splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-        if line.strip():
-            break
-    return ""
-
-
-def describe(recipe: Recipe) -> str:
-    """Where a recipe runs, in words; says so when it needs GPUs this machine does not have."""
-    hardware = "GPU" if needs_gpu(recipe) else ("CPU" if recipe.accelerator == "cpu" else "GPU, or CPU if none")
-    text = (
-        f"{recipe.world_size} process(es) = {recipe.devices} device(s) x {recipe.num_nodes} node(s),"
-        f" {hardware}, strategy {recipe.strategy.name}, precision {recipe.precision}"
-    )
-    if needs_gpu(recipe):
-        import torch  # only for recipes that need GPUs: listing and checking stay fast
-
-        if not torch.cuda.is_available():
-            text += f" (needs CUDA GPUs: {gpu_reason(recipe)}; this machine has none, so train it on a GPU machine)"
-    return text
-
-
-def gpu_reason(recipe: Recipe) -> str:
-    """Why a recipe needs GPUs, in a few words."""
-    if recipe.strategy.name in ("fsdp", "deepspeed"):
-        return f"Fabric runs strategy {recipe.strategy.name} only on GPUs"
-    if recipe.strategy.float8:
-        return "float8 needs compute capability 8.9+"
-    return "accelerator=cuda"
-
-
-def list_recipes() -> None:
-    """Print the library, one line per recipe."""
-    recipes = sorted(recipes_dir().glob("*.yaml"))
-    width = max((len(p.stem) for p in recipes), default=0)
-    for path in recipes:
-        print(f"{path.stem:<{width}}  {summary(path)}")
-
-
-def show_recipe(name: str) -> None:
-    """Print a recipe file as it is."""
-    print(find_recipe(name).read_text(), end="")
-
-
-def copy_recipe(name: str, dest: str, force: bool = False) -> None:
-    """Copy a library recipe to a new file to edit."""
-    source, target = find_recipe(name), Path(dest)
-    if target.is_dir():
-        target = target / source.name
-    if target.exists() and not force:
-        raise RecipeError(f"{target} already exists (choose another destination or pass --force)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, target)
-    print(f"Copied {source.stem} to {target}; edit it, then: {PROG} train --config {target}")
-
-
-def validate_recipes(files: list[str]) -> None:
-    """Check recipe files; raises on the first invalid one."""
-    for name in files:
-        path = find_recipe(name)
-        recipe = load_recipe(path)
-        print(f"ok: {path}: {describe(recipe)}")
-
-
-def folder_size(path: Path) -> int:
-    """Bytes under a folder (or of a file)."""
-    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def list_checkpoint_folders(run: str) -> None:
-    """Print every checkpoint folder of a run: step, size, complete or why not."""
-    from {{ cookiecutter.package_name }}.checkpoint import STEP_DIR, problem_with
-
-    root = Path(run)
-    root = root / "checkpoints" if (root / "checkpoints").is_dir() else root
-    if not root.is_dir():
-        raise RecipeError(f"{run!r}: no such run or checkpoints folder")
-    rows = []
-    for path in sorted(root.iterdir()):
-        match = STEP_DIR.match(path.name.removesuffix(".partial"))
-        if not match or not path.is_dir():
-            continue
-        problem = "unfinished save" if path.name.endswith(".partial") else problem_with(path)
-        status = "complete" if problem is None else f"INCOMPLETE: {problem}"
-        rows.append(f"{path.name:<24} step {int(match.group(1)):>8}  {folder_size(path) / 2**20:>10.1f} MiB  {status}")
-    print("\n".join(rows) if rows else f"no checkpoints in {root}")
-
-
-def inspect_checkpoint(name: str) -> None:
-    """Print what a checkpoint holds."""
-    from {{ cookiecutter.package_name }}.checkpoint import load_full_state, problem_with, read_meta
-
-    path = Path(name)
-    if problem := problem_with(path) if path.is_dir() else "no such folder":
-        raise RecipeError(f"{name!r}: not a complete checkpoint: {problem}")
-    meta = read_meta(path)
-    state = load_full_state(path)
-    weights = state["model"]
-    print(f"checkpoint   {path}")
-    print(f"step         {meta['step']}  (tokens seen {meta['tokens_seen']:,})")
-    print(f"saved by     {meta['strategy']} on {meta['world_size']} process(es)")
-    print(f"size         {folder_size(path) / 2**20:.1f} MiB in {len(meta['files'])} files")
-    print(f"parameters   {sum(t.numel() for t in weights.values()):,} in {len(weights)} tensors")
-    print(f"data         {state['data']}")
-    print(f"scheduler    last_epoch={state['scheduler']['last_epoch']}")
-    print(f"config       {path / 'config.yaml'}")
-
-
-def consolidate_checkpoint(name: str, output: str) -> None:
-    """Write a checkpoint's weights as one plain PyTorch file."""
-    from {{ cookiecutter.package_name }}.checkpoint import consolidate, problem_with
-
-    path = Path(name)
-    if problem := problem_with(path) if path.is_dir() else "no such folder":
-        raise RecipeError(f"{name!r}: not a complete checkpoint: {problem}")
-    weights = consolidate(path, Path(output))
-    print(f"Wrote {len(weights)} tensors ({sum(t.numel() for t in weights.values()):,} parameters) to {output}")
-    print(f"Load: model = GPT(ModelConfig(**yaml.safe_load(open('{path / 'config.yaml'}'))['model']))")
-    print(f"      model.load_state_dict(torch.load('{output}', weights_only=True))")
 
 
 def build_parser() -> ArgumentParser:
@@ -214,36 +70,8 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def print_plan(args: Any) -> None:
-    """Print the training state per GPU of every strategy for a recipe's model and layout, and a recommendation."""
-    from {{ cookiecutter.package_name }}.model import count_parameters  # imports torch
-    from {{ cookiecutter.package_name }}.plan import plan
-
-    if args.gpu_memory_gib <= 0:
-        raise RecipeError(f"--gpu_memory_gib={args.gpu_memory_gib:g} must be > 0")
-    if not 0 <= args.headroom < 1:
-        raise RecipeError(f"--headroom={args.headroom:g} must be in [0, 1): the fraction of GPU memory kept free")
-    recipe = load_recipe(find_recipe(args.recipe))
-    lines, verdict = plan(recipe, count_parameters(recipe.model), args.gpu_memory_gib, args.headroom)
-    print("\n".join([*lines, "", verdict]))
-
-
-def print_sbatch(args: Any) -> None:
-    """Print the sbatch script for a recipe; its counts come from the recipe."""
-    from {{ cookiecutter.package_name }}.slurm import sbatch_script
-
-    path = find_recipe(args.recipe)
-    recipe = load_recipe(path)
-    if args.cpus_per_task < 1:
-        raise RecipeError(f"--cpus_per_task={args.cpus_per_task} must be >= 1")
-    print(
-        sbatch_script(recipe, str(path), args.time, args.partition, args.account, args.job_name, args.cpus_per_task),
-        end="",
-    )
-
-
-def run(argv: list[str]) -> None:
-    """Dispatch a command line; raises RecipeError for user errors."""
+def dispatch(argv: list[str]) -> None:
+    """Run a command line; raises RecipeError for user errors."""
     if argv[:1] == ["train"]:
         recipe = parse_recipe(argv[1:], recipe_parser(f"{PROG} train"))
         from {{ cookiecutter.package_name }}.train import train  # imports torch: only when training
@@ -254,60 +82,31 @@ def run(argv: list[str]) -> None:
         args = build_parser().parse_args(argv)
     except Exception as error:  # jsonargparse's ArgumentError spans lines; keep the first
         raise RecipeError(str(error).strip().splitlines()[0]) from None
+    from {{ cookiecutter.package_name }} import commands
+
     if args.command == "slurm":
-        print_sbatch(args.slurm)
-        return
-    if args.command == "plan":
-        print_plan(args.plan)
-        return
-    if args.command == "checkpoint":
+        commands.print_sbatch(args.slurm)
+    elif args.command == "plan":
+        commands.print_plan(args.plan)
+    elif args.command == "checkpoint":
         sub = args.checkpoint
         if sub.action == "list":
-            list_checkpoint_folders(sub.list.run)
+            commands.list_checkpoint_folders(sub.list.run)
         elif sub.action == "inspect":
-            inspect_checkpoint(sub.inspect.path)
+            commands.inspect_checkpoint(sub.inspect.path)
         else:
-            consolidate_checkpoint(sub.consolidate.path, sub.consolidate.output)
-        return
-    action = args.recipes.action
-    if action == "list":
+            commands.consolidate_checkpoint(sub.consolidate.path, sub.consolidate.output)
+    elif args.recipes.action == "list":
         list_recipes()
-    elif action == "show":
+    elif args.recipes.action == "show":
         show_recipe(args.recipes.show.name)
-    elif action == "copy":
-        copy_recipe(args.recipes.copy.name, args.recipes.copy.dest, args.recipes.copy.force)
-    elif action == "validate":
-        validate_recipes(args.recipes.validate.files)
+    elif args.recipes.action == "copy":
+        copy_recipe(args.recipes.copy.name, args.recipes.copy.dest, args.recipes.copy.force, program=PROG)
+    elif args.recipes.action == "validate":
+        commands.validate_recipes(args.recipes.validate.files)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point."""
-    code = 0
-    try:
-        run(sys.argv[1:] if argv is None else argv)
-    except RecipeError as error:
-        print(f"error: {error}", file=sys.stderr)
-        code = 2
-    except TrainingStopped as stopped:  # preempted (exit 75: requeued) or a non-finite loss (exit 3)
-        from {{ cookiecutter.package_name }}.train import report_stop
-
-        code = report_stop(stopped)
-    exit_process(code)
-
-
-def exit_process(code: int) -> None:
-    """End with exit code `code`; a process that joined a process group leaves it and skips interpreter teardown.
-
-    Gloo's worker threads can still be releasing the last collective's tensors while the interpreter
-    tears down; the thread then cannot take the GIL and the process aborts ("terminate called without
-    an active exception", SIGABRT), replacing the exit code (3, 75) that launchers and the SLURM
-    script act on. By now checkpoints are written and loggers finished, so only streams need flushing.
-    """
-    distributed = sys.modules.get("torch.distributed")  # imported only if this process trained
-    if distributed is not None and distributed.is_available() and distributed.is_initialized():
-        distributed.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    if code:
-        sys.exit(code)
+    """Console entry point: run the command and exit with its code."""
+    arguments = sys.argv[1:] if argv is None else argv
+    run_command(lambda: dispatch(arguments))

@@ -33,7 +33,8 @@ from lightning.fabric.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from tqdm import tqdm
 
-from {{ cookiecutter.package_name }}.config import Recipe, dump_recipe
+from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 
 try:
     import resource
@@ -351,6 +352,14 @@ class Monitor:
             metrics["throughput/mfu"] = model_flops_utilization(self.flops_per_token, per_device, self.peak)
         return metrics
 
+    def log_skipped_update(self, step: int, skipped_updates: int) -> None:
+        """Say that every rank skipped this step's update (a non-finite loss under on_nonfinite_loss=skip)."""
+        self.progress.write(
+            f"Skipped the update of step {step}: loss is NaN or infinite on some rank"
+            f" (train.on_nonfinite_loss=skip; {skipped_updates} skipped so far)"
+        )
+        self.fabric.log_dict({"train/skipped_updates": float(skipped_updates)}, step=step)
+
     def log_validation(self, step: int, loss: float, seconds: float) -> None:
         """Log and show a validation result; its time does not count against throughput."""
         self._excluded_seconds += seconds
@@ -371,3 +380,20 @@ class Monitor:
     def close(self) -> None:
         """End the progress display."""
         self.progress.close()
+
+
+def local_training_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state this process holds (its local shards)."""
+    from torch.distributed.tensor import DTensor
+
+    def size(tensor: torch.Tensor) -> int:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        return local.numel() * local.element_size()
+
+    params = list(model.parameters())
+    state = [value for values in optimizer.state.values() for value in values.values() if torch.is_tensor(value)]
+    return {
+        "parameters": sum(size(p) for p in params),
+        "gradients": sum(size(p.grad) for p in params if p.grad is not None),
+        "optimizer": sum(size(value) for value in state),
+    }

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from {{ cookiecutter.package_name }}.config import Recipe
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.strategies import REGISTRY, PlanOption, strategy_class
 
 GIB = 2**30
 
@@ -41,30 +42,15 @@ class StateBytes:
         return self.parameters + self.gradients + self.optimizer
 
 
-@dataclass(frozen=True)
-class Option:
-    """One strategy the plan weighs: its name in a recipe, how it spreads the state, which recipe has it."""
-
-    label: str
-    shards: tuple[bool, bool, bool]  # are parameters, gradients, optimizer state sharded
-    recipe: str
-    offload: tuple[bool, bool] = (False, False)  # parameters, optimizer state in host RAM
-    deepspeed: bool = False
-
-
-OPTIONS = (
-    Option("ddp", (False, False, False), "ddp-node"),
-    Option("deepspeed zero1", (False, False, True), "deepspeed-zero1-node", deepspeed=True),
-    Option("deepspeed zero2", (False, True, True), "deepspeed-zero2-node", deepspeed=True),
-    Option("fsdp2", (True, True, True), "fsdp2-node"),
-    Option("deepspeed zero3", (True, True, True), "deepspeed-zero3-node", deepspeed=True),
-    Option("deepspeed zero3 + cpu offload", (True, True, True), "deepspeed-zero3-offload-node", (True, True), True),
+# Every strategy family says how it holds the state (strategies/*.py `plan_options`).
+OPTIONS: tuple[PlanOption, ...] = tuple(
+    option for name in REGISTRY for option in strategy_class(name)(Recipe()).plan_options()
 )
 
 
-def state_bytes(parameters: int, precision: str, option: Option, ranks: int) -> StateBytes:
+def state_bytes(parameters: int, precision: str, option: PlanOption, ranks: int) -> StateBytes:
     """Training state per GPU for `parameters` parameters trained with AdamW by `option` over `ranks` ranks."""
-    if option.deepspeed and precision.startswith(("bf16", "16")):
+    if option.fp32_master_in_optimizer and precision.startswith(("bf16", "16")):
         weight, grad, optim = 2, 2, 16  # low-precision weights and gradients; fp32 master weights and moments
     elif precision == "bf16-true":
         weight, grad, optim = 2, 2, 4
@@ -109,22 +95,13 @@ def plan(recipe: Recipe, parameters: int, gpu_memory_gib: float, headroom: float
     return lines, recommendation(recipe, fitting)
 
 
-def recommendation(recipe: Recipe, fitting: list[Option]) -> str:
-    """The first strategy of ddp -> fsdp2 -> ZeRO-3 with CPU offload that fits, and why."""
-    names = {option.label for option in fitting}
-    multinode = recipe.num_nodes > 1
-    if "ddp" in names:
-        return "recommended: ddp (recipe ddp-node): the model and its optimizer state fit on one GPU; nothing to shard"
-    if "fsdp2" in names:
-        where = "fsdp2-multinode; hsdp-multinode when the links between nodes are slow" if multinode else "fsdp2-node"
-        return f"recommended: fsdp2 (recipe {where}): sharding parameters, gradients and optimizer state makes it fit"
-    if "deepspeed zero3 + cpu offload" in names:
-        where = "deepspeed-zero3-offload-multinode" if multinode else "deepspeed-zero3-offload-node"
+def recommendation(recipe: Recipe, fitting: list[PlanOption]) -> str:
+    """The preferred strategy that fits (ddp -> fsdp2 -> ZeRO-3 with CPU offload), and why."""
+    candidates = sorted((option for option in fitting if option.why), key=lambda option: option.preference)
+    if not candidates:
         return (
-            f"recommended: deepspeed zero3 with CPU offload (recipe {where}): only with optimizer state and parameters"
-            " in host RAM does the state fit; check the host RAM column"
+            "nothing fits: add GPUs or nodes (the sharded state shrinks with every rank), or offload to NVMe"
+            " (recipe deepspeed-zero3-nvme-node)"
         )
-    return (
-        "nothing fits: add GPUs or nodes (the sharded state shrinks with every rank), or offload to NVMe"
-        " (recipe deepspeed-zero3-nvme-node)"
-    )
+    best = candidates[0]
+    return f"recommended: {best.title or best.label} (recipe {best.recipes[recipe.num_nodes > 1]}): {best.why}"

@@ -1,14 +1,18 @@
-"""Shared helpers: run the command line in a subprocess exactly as a user would."""
+"""What the tests share: the command line run as a user runs it, one builder of `train` arguments, and readers
+of what a run wrote. Test files import from here (`from helpers import ...`)."""
 
 from __future__ import annotations
 
 import csv
 import os
+import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE = "{{ cookiecutter.package_name }}"
@@ -104,7 +108,54 @@ def train_losses(out_dir: Path) -> dict[int, float]:
     return {int(row["step"]): float(row["train/loss"]) for row in read_csv_metrics(out_dir) if row.get("train/loss")}
 
 
-@pytest.fixture
-def project() -> Path:
-    """The generated project's root folder."""
-    return PROJECT
+def recipe_args(out_dir: Path, *overrides: str) -> list[str]:
+    """The cpu-debug recipe with the TINY model and CSV logs in out_dir, then the test's own overrides."""
+    return [
+        "--config",
+        str(RECIPES / "cpu-debug.yaml"),
+        *TINY,
+        "--out_dir",
+        str(out_dir),
+        "--logger.name",
+        "csv",
+        *overrides,
+    ]
+
+
+def train_args(out_dir: Path, *overrides: str) -> list[str]:
+    """`train` arguments of the command line: `recipe_args` after the subcommand."""
+    return ["train", *recipe_args(out_dir, *overrides)]
+
+
+def fail_with(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run the CLI in-process, assert exit code 2 and a one-line error; return that line."""
+    from {{ cookiecutter.package_name }}.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for a rendezvous over loopback)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def final_weights(out_dir: Path, max_steps: int) -> dict[str, torch.Tensor]:
+    """The weights of a run's last checkpoint, which must be that of step max_steps."""
+    from {{ cookiecutter.package_name }}.checkpoint import consolidate, find_latest
+
+    latest = find_latest(out_dir / "checkpoints")
+    assert latest is not None and latest.name == f"step-{max_steps:08d}"
+    return consolidate(latest, out_dir / "weights.pt")
+
+
+def executable(path: Path, text: str) -> None:
+    """Write a script (a stub of srun or scontrol) and make it executable."""
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
