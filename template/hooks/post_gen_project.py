@@ -7,6 +7,7 @@ from pathlib import Path
 # The template folder; the recipe library lives beside it at the top of the template repository.
 TEMPLATE_DIR = Path("{{ cookiecutter._repo_dir }}")
 INCLUDE_SLURM = "{{ cookiecutter.include_slurm }}" == "yes"
+LICENSE = "{{ cookiecutter.license }}"
 
 
 def copy_recipes(project: Path) -> None:
@@ -22,6 +23,8 @@ def copy_recipes(project: Path) -> None:
 
 def prune(project: Path) -> None:
     """Remove what the chosen options do not use."""
+    if LICENSE == "none":
+        (project / "LICENSE").unlink()
     if not INCLUDE_SLURM:
         shutil.rmtree(project / "scripts" / "slurm")
         scripts = project / "scripts"
