@@ -352,7 +352,7 @@ def _group_class(group: str) -> Any:
     """The dataclass behind a dotted group name such as 'strategy'."""
     cls: Any = Recipe
     for part in group.split("."):
-        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        types: dict[str, Any] = {f.name: f.type for f in dataclasses.fields(cls)}
         cls = globals()[types[part]] if isinstance(types.get(part), str) else types.get(part)
     return cls
 

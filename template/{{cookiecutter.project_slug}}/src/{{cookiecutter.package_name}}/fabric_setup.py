@@ -12,12 +12,19 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger
-from lightning.fabric.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy, Strategy
+from lightning.fabric.strategies import (
+    DDPStrategy,
+    DeepSpeedStrategy,
+    FSDPStrategy,
+    ModelParallelStrategy,
+    ParallelStrategy,
+    Strategy,
+)
 
 from {{ cookiecutter.package_name }}.config import Recipe, RecipeError
 from {{ cookiecutter.package_name }}.launchers import check_launcher, join_restarted_torchrun_group
@@ -120,7 +127,7 @@ def deepspeed_config(recipe: Recipe) -> dict[str, Any]:
 def build_strategy(recipe: Recipe) -> Strategy:
     """The Fabric strategy object a recipe asks for."""
     strategy = recipe.strategy
-    options = {
+    options: dict[str, Any] = {
         "process_group_backend": strategy.process_group_backend,
         "timeout": timedelta(minutes=strategy.timeout_minutes),
     }
@@ -196,14 +203,16 @@ def setup_model_and_optimizer(
     if recipe.strategy.name not in MODEL_PARALLEL:  # fsdp2/hsdp do this inside parallelize_fn
         # FSDPStrategy checkpoints blocks itself (activation_checkpointing_policy), inside its wrapping.
         fsdp = recipe.strategy.name == "fsdp"
-        prepare_blocks(model, replace(recipe.strategy, activation_checkpointing=False) if fsdp else recipe.strategy)
+        prepare_blocks(
+            cast(GPT, model), replace(recipe.strategy, activation_checkpointing=False) if fsdp else recipe.strategy
+        )
     if recipe.strategy.name == "deepspeed":
         optimizer = make_optimizer(model)
         model, wrapped = fabric.setup(model, optimizer)
         return model, wrapped, optimizer  # DeepSpeed's optimizer steps the same param_groups
     model = fabric.setup_module(model)
     optimizer = fabric.setup_optimizers(make_optimizer(model))
-    return model, optimizer, optimizer
+    return model, optimizer, cast(torch.optim.Optimizer, optimizer)
 
 
 @contextmanager
@@ -253,5 +262,5 @@ def discard_gradients(fabric: Fabric) -> None:
 
 def data_parallel_rank_and_size(fabric: Fabric) -> tuple[int, int]:
     """This process's data-parallel rank and their number; tensor-parallel peers share a rank and a batch."""
-    sampler = fabric.strategy.distributed_sampler_kwargs or {}
+    sampler = cast(ParallelStrategy, fabric.strategy).distributed_sampler_kwargs or {}
     return sampler.get("rank", fabric.global_rank), sampler.get("num_replicas", fabric.world_size)

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import TextIO, TypeVar
+from typing import TextIO, TypeVar, cast
 
 import torch
 from lightning.fabric import Fabric
@@ -111,7 +111,12 @@ PRECISION_COLUMN = {"bf16-mixed": "bf16", "bf16-true": "bf16", "16-mixed": "fp16
 # rows list the non-tensor fp16 rate. Its other rows (A100, H100 SXM/PCIe, L4, L40, A10G, T4, V100,
 # V100S, Quadro RTX 5000) agree with the datasheets.
 LIGHTNING_ROWS_NOT_USED = ("h200", "h100 nvl", "rtx 40", "rtx 30", "rtx 20", "a6000", "a40", "titan rtx")
-LIGHTNING_COLUMN = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": "tfloat32", "fp32": torch.float32}
+LIGHTNING_COLUMN: dict[str, torch.dtype | str] = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "tf32": "tfloat32",
+    "fp32": torch.float32,
+}
 
 
 def gpu_model(device_name: str) -> str | None:
@@ -215,7 +220,7 @@ def logger_location(recipe: Recipe, loggers: list[Logger]) -> str:
     if not loggers:
         return "no experiment logger (logger.name=none)"
     if recipe.logger.name == "wandb":
-        experiment = loggers[0].experiment
+        experiment = loggers[0].experiment  # type: ignore[attr-defined]  # a WandbLogger
         offline = experiment.settings.mode in ("offline", "dryrun")
         mode = "offline; upload later with `wandb sync`" if offline else "online"
         return f"W&B run {experiment.id} ({mode}): {Path(experiment.dir).parent}"
@@ -226,7 +231,7 @@ def log_config(loggers: list[Logger], recipe: Recipe) -> None:
     """Record the resolved recipe once with every logger (rank 0 only)."""
     for logger in loggers:
         if isinstance(logger, CSVLogger):  # Fabric's CSVLogger has no hyperparameter support
-            if rank_zero_only.rank == 0:
+            if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by Lightning at import
                 _ = logger.experiment  # creates log_dir; writing into it first would make it warn
                 (Path(logger.log_dir) / "config.yaml").write_text(dump_recipe(recipe))
         else:
@@ -370,9 +375,12 @@ class Monitor:
         seconds = max(time.perf_counter() - self._window_start - self._excluded_seconds, 1e-9)
         # One collective for what is worst on any rank: memory and data wait (loss is averaged below).
         local = {**memory_gib(self.fabric.device), "time/data_wait_seconds": self._data_wait_seconds / max(steps, 1)}
-        worst = self.fabric.all_reduce(torch.tensor(list(local.values()), device=self.fabric.device), reduce_op="max")
+        worst = cast(
+            torch.Tensor,
+            self.fabric.all_reduce(torch.tensor(list(local.values()), device=self.fabric.device), reduce_op="max"),
+        )
         metrics: dict[str, float] = {
-            "train/loss": self.fabric.all_reduce(loss.detach(), reduce_op="mean").item(),
+            "train/loss": cast(torch.Tensor, self.fabric.all_reduce(loss.detach(), reduce_op="mean")).item(),
             "train/lr": learning_rate,
             "train/tokens_seen": float(tokens_seen),
             "train/epoch": float(epoch),

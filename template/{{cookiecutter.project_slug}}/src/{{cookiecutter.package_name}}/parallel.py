@@ -9,6 +9,7 @@ model. Both live next to the model they shard, not in the training loop.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import torch
 from torch import nn
@@ -131,7 +132,8 @@ def clip_grad_norm(
             by_mesh.setdefault(param.grad.device_mesh if isinstance(param.grad, DTensor) else None, []).append(param)
     norms = []
     for params in by_mesh.values():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type, error_if_nonfinite)
+        grads = [cast(torch.Tensor, p.grad) for p in params]  # every one is set: grouped above
+        norm = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     if not norms:
         return torch.zeros(())

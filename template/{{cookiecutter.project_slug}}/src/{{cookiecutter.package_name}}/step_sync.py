@@ -12,6 +12,7 @@ instead of one each (`benchmarks/step_sync.py` measures the difference).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from lightning.fabric import Fabric
@@ -33,5 +34,5 @@ def agree(fabric: Fabric, loss: torch.Tensor, stop_signal: int, save_due: bool) 
     """
     flags = torch.tensor([0.0, float(stop_signal), float(save_due)], device=fabric.device)
     flags[0] = (~torch.isfinite(loss)).any().float()
-    nonfinite, signal, due = fabric.all_reduce(flags, reduce_op="max").tolist()
+    nonfinite, signal, due = cast(torch.Tensor, fabric.all_reduce(flags, reduce_op="max")).tolist()
     return StepAgreement(nonfinite_loss=nonfinite > 0, stop_signal=int(signal), save_due=due > 0)

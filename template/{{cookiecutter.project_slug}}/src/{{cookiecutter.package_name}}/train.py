@@ -138,7 +138,7 @@ def train(recipe: Recipe) -> None:
         state["tokens_seen"] += tokens_per_step
         state["skipped_updates"] += verdict == "skip"
         step = state["step"]
-        learning_rate = scheduler.get_last_lr()[0]
+        learning_rate = float(scheduler.get_last_lr()[0])
         monitor.step_end(step, loss_sum / accumulate, grad_norm, learning_rate, state["tokens_seen"], batches.epoch)
 
         every_eval = recipe.eval.every_steps
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def report_stop(stopped: TrainingStopped) -> int:
     """Print why training stopped early (rank 0; every rank stops for the same reason); return its exit code."""
-    if rank_zero_only.rank == 0:
+    if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by Lightning at import
         print(f"stopped: {stopped}", file=sys.stderr, flush=True)
     return stopped.exit_code
 
