@@ -17,7 +17,8 @@ from cookiecutter.exceptions import FailedHookException
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-JINJA = re.compile(r"\{\{|\{%|\{#")
+# GitHub Actions expressions (${{ ... }}) are meant to stay in the generated workflow.
+JINJA = re.compile(r"(?<!\$)\{\{|\{%|\{#")
 
 
 def text_files(project: Path) -> list[Path]:
@@ -260,7 +261,7 @@ def test_generated_ci_lints_type_checks_and_tests_on_the_oldest_and_newest_pytho
     for command in ("ruff check", "ruff format --check", "mypy", "pytest"):
         assert any(command in step for step in steps), command
     readme = (default_project / "README.md").read_text()
-    assert 'pip install -e ".[test]" -c constraints.txt' in readme
+    assert 'pip install -e ".[dev]" -c constraints.txt' in readme
 
 
 def test_pre_commit_runs_the_ruff_of_the_tested_set(default_project: Path) -> None:
