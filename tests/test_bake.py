@@ -42,7 +42,10 @@ def test_default_answers_give_the_documented_layout(default_project: Path) -> No
     package = default_project / "src" / "my_project"
     modules = {"cli", "config", "fabric_setup", "parallel", "model", "data", "train", "checkpoint", "observe"}
     assert modules <= {p.stem for p in package.glob("*.py")}
-    for extra in ("pyproject.toml", "README.md", ".github/workflows/ci.yml", "scripts/slurm/train.sbatch"):
+    for extra in (
+        *("pyproject.toml", "setup.py", "constraints.txt", "README.md", "LICENSE", ".gitignore"),
+        *(".pre-commit-config.yaml", ".github/workflows/ci.yml", "scripts/slurm/train.sbatch"),
+    ):
         assert (default_project / extra).is_file(), extra
     assert 'default="wandb"' in (package / "config.py").read_text().replace(" ", "").replace(
         'Literal["wandb","tensorboard","csv","none"]=', "default="
@@ -148,6 +151,7 @@ def test_the_chosen_license_is_written_in_full_and_declared(
 
 def test_license_none_writes_no_license_file_and_declares_none(tmp_path: Path) -> None:
     project = bake(tmp_path, license="none")
+    assert_fully_rendered(project)
     assert not (project / "LICENSE").exists()
     assert "license" not in tomllib.loads((project / "pyproject.toml").read_text())["project"]
     assert_ruff_clean(project)
