@@ -306,8 +306,8 @@ def _load_across_layouts(path: Path, state: dict[str, Any]) -> None:
     set_model_state_dict(model, full.pop("model"), options=options)
     saved = full.pop("optimizer")
     if saved["state"] and isinstance(next(iter(saved["state"])), int):  # a plain optimizer's ids -> names
-        current_groups = get_optimizer_state_dict(model, optimizer, options=options)["param_groups"]
-        names = {}
+        current_groups: Any = get_optimizer_state_dict(model, optimizer, options=options)["param_groups"]
+        names: dict[int, str] = {}
         for saved_group, current_group in zip(saved["param_groups"], current_groups, strict=True):
             names.update(zip(saved_group["params"], current_group["params"], strict=True))
         saved = {

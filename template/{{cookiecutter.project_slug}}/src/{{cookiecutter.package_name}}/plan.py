@@ -56,7 +56,7 @@ def state_bytes(parameters: int, precision: str, option: PlanOption, ranks: int)
         weight, grad, optim = 2, 2, 4
     else:
         weight, grad, optim = 4, 4, 8
-    sizes = [parameters * weight, parameters * grad, parameters * optim]
+    sizes: list[float] = [parameters * weight, parameters * grad, parameters * optim]
     sizes = [size / ranks if sharded else size for size, sharded in zip(sizes, option.shards, strict=True)]
     offload_params, offload_optimizer = option.offload
     host = (sizes[0] if offload_params else 0) + (sizes[2] if offload_optimizer else 0)

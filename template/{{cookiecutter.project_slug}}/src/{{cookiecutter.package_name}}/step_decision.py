@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import cast
 
 import torch
 from lightning.fabric import Fabric
@@ -51,7 +52,7 @@ def decide(
     """
     flags = torch.tensor([0.0, float(stop_signal), float(save_due)], device=fabric.device)
     flags[0] = (~torch.isfinite(loss)).any().float()
-    nonfinite, signal, due = fabric.all_reduce(flags, reduce_op="max").tolist()
+    nonfinite, signal, due = cast(torch.Tensor, fabric.all_reduce(flags, reduce_op="max")).tolist()
     update = Update.APPLY
     if nonfinite > 0:
         update = Update.STOP if on_nonfinite_loss == "stop" else Update.SKIP

@@ -74,7 +74,7 @@ def train(recipe: Recipe) -> None:
         state["step"] += 1
         state["tokens_seen"] += tokens_per_step
         step = state["step"]
-        learning_rate = run.scheduler.get_last_lr()[0]
+        learning_rate = float(run.scheduler.get_last_lr()[0])
         monitor.step_end(step, loss_sum / accumulate, grad_norm, learning_rate, state["tokens_seen"], run.batches.epoch)
 
         every_eval = recipe.eval.every_steps

@@ -9,9 +9,14 @@ from {{ cookiecutter.package_name }}.errors import RecipeError
 
 
 def recipes_dir() -> Path:
-    """The project's recipe library: `recipes/` at the project root, else in the current folder."""
+    """The recipe library: `recipes/` of the source checkout (also under an editable install), else the
+    copy a regular install or wheel carries as package data (`<package>/recipes`, see setup.py), else
+    `recipes/` in the current folder."""
     beside_source = Path(__file__).resolve().parents[3] / "recipes"
-    return beside_source if beside_source.is_dir() else Path.cwd() / "recipes"
+    if beside_source.is_dir():
+        return beside_source
+    installed = Path(__file__).resolve().parents[1] / "recipes"
+    return installed if installed.is_dir() else Path.cwd() / "recipes"
 
 
 def find_recipe(name: str) -> Path:

@@ -46,7 +46,7 @@ def parse_recipe(argv: list[str], parser: ArgumentParser | None = None) -> Recip
         raise RecipeError(f"{source}: {error}") from None
     # The strategy's own options section, filled with its defaults: the resolved recipe shows every option used.
     strategy = strategy_class(recipe.strategy.name)
-    if strategy.options_key is not None and getattr(recipe.strategy, strategy.options_key) is None:
+    if strategy.options_key and strategy.options_type and getattr(recipe.strategy, strategy.options_key) is None:
         setattr(recipe.strategy, strategy.options_key, strategy.options_type())
     return recipe
 

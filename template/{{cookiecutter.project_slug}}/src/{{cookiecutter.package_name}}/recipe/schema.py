@@ -244,7 +244,7 @@ class LoggerConfig:
         tags: W&B tags of the run.
         log_every_steps: Log metrics and print a progress line every this many steps.
         peak_tflops: Dense peak TFLOP/s of one device at the run's precision, for MFU; null looks the
-            GPU up in the table in observe.py (no MFU on CPUs or GPUs missing from it).
+            GPU up in the table in hardware.py (no MFU on CPUs or GPUs missing from it).
     """
 
     name: Literal["wandb", "tensorboard", "csv", "none"] = "{{ cookiecutter.logger }}"

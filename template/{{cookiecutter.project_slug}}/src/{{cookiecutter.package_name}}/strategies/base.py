@@ -134,11 +134,11 @@ class TrainingStrategy:
 
     def data_parallel_rank_and_size(self, fabric: Fabric) -> tuple[int, int]:
         """This process's data-parallel rank and their number; tensor-parallel peers share a rank and a batch."""
-        sampler = fabric.strategy.distributed_sampler_kwargs or {}
+        sampler = getattr(fabric.strategy, "distributed_sampler_kwargs", None) or {}
         return sampler.get("rank", fabric.global_rank), sampler.get("num_replicas", fabric.world_size)
 
 
-def prepare_blocks(model: nn.Module, config: Any) -> nn.Module:
+def prepare_blocks(model: Any, config: Any) -> Any:
     """Activation checkpointing (every k-th block) and torch.compile per block, in place.
 
     `model.blocks` is the repeated block every model family exposes (models/): the unit that is

@@ -154,7 +154,7 @@ class DeepSpeed(TrainingStrategy):
         """DeepSpeed does not take Fabric's no_backward_sync (Fabric warns and the engine takes every backward
         as the end of a step: ZeRO's update then differs from ddp's from the first accumulated step, as
         tests/test_deepspeed.py shows). Its engine is told where the step's accumulation boundary is instead."""
-        fabric.strategy.model.set_gradient_accumulation_boundary(not enabled)
+        engine(fabric).set_gradient_accumulation_boundary(not enabled)
         yield
 
     def clip_and_step(self, fabric: Fabric, model: Any, optimizer: Any, max_norm: float) -> torch.Tensor | None:
@@ -162,15 +162,21 @@ class DeepSpeed(TrainingStrategy):
         Fabric steps the ZeRO optimizer itself (the engine is not an optimizer to Fabric), so the engine's
         get_global_grad_norm() is never filled; the optimizer keeps the norm in `_global_grad_norm`."""
         optimizer.step()
-        return getattr(fabric.strategy.model.optimizer, "_global_grad_norm", None)
+        return getattr(engine(fabric).optimizer, "_global_grad_norm", None)
 
     def discard_gradients(self, fabric: Fabric) -> None:
         """ZeRO-3 keeps reduced gradient partitions that its own step would consume. They are dropped the
         way DeepSpeed drops them when it skips a step itself (`_overflow_clean_up`, not public API); left in
         place, the next update goes wrong (tests/test_deepspeed.py)."""
-        zero_optimizer = fabric.strategy.model.optimizer
+        zero_optimizer = engine(fabric).optimizer
         if hasattr(zero_optimizer, "_overflow_clean_up"):  # ZeRO-3; ZeRO-1/2 need nothing beyond zero_grad
             zero_optimizer._overflow_clean_up(zero_optimizer.loss_scale)
+
+
+def engine(fabric: Fabric) -> Any:
+    """DeepSpeed's engine (what Fabric's DeepSpeedStrategy keeps as `.model`)."""
+    strategy: Any = fabric.strategy
+    return strategy.model
 
 
 def init_zero3_partitioned(model: Any) -> None:

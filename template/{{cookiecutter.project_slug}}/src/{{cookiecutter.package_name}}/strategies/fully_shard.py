@@ -8,7 +8,7 @@ compiled, and `model.tensor_parallel_plan()`, how one block is split.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from lightning.fabric.strategies import ModelParallelStrategy
@@ -110,7 +110,8 @@ def clip_grad_norm(
             by_mesh.setdefault(param.grad.device_mesh if isinstance(param.grad, DTensor) else None, []).append(param)
     norms = []
     for params in by_mesh.values():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type, error_if_nonfinite)
+        grads = [cast(torch.Tensor, p.grad) for p in params]  # every one is set: grouped above
+        norm = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     if not norms:
         return torch.zeros(())
