@@ -46,6 +46,7 @@ except ImportError:  # not on Windows: host memory is then not reported
 
 Item = TypeVar("Item")
 
+
 def model_flops_utilization(flops_per_token: float, tokens_per_second_per_device: float, peak: float) -> float:
     """MFU: the model FLOP/s one device achieves as a fraction of its peak (given in TFLOP/s)."""
     return flops_per_token * tokens_per_second_per_device / (peak * 1e12)
