@@ -1,4 +1,5 @@
-"""Command line: `train`, `recipes list|show|copy|validate`, `plan`, `checkpoint list|inspect|consolidate`, `slurm`.
+"""Command line: `train`, `recipes list|show|copy|validate`, `plan`, `checkpoint list|inspect|consolidate`, `slurm`,
+`prepare`, `sample`.
 
 Every user error ends in one line on stderr naming what is wrong and what is allowed, exit code 2.
 """
@@ -211,7 +212,50 @@ def build_parser() -> ArgumentParser:
     slurm.add_argument("--job_name", default=PROG, help="Job name.")
     slurm.add_argument("--cpus_per_task", type=int, default=8, help="CPU cores per task (data loading, threads).")
     commands.add_subcommand("slurm", slurm, help=f"Write an sbatch script: {PROG} slurm RECIPE > job.sbatch.")
+
+    preparer = ArgumentParser(exit_on_error=False, description="Tokenize .txt/.jsonl/.parquet files into token shards.")
+    preparer.add_argument("inputs", nargs="+", help="Folders, files or globs of .txt, .jsonl and .parquet files.")
+    preparer.add_argument("--out", required=True, help="Folder to write (must not exist); data.path of the recipe.")
+    preparer.add_argument("--tokenizer", default=None, help="A Hugging Face tokenizer.json to tokenize with.")
+    preparer.add_argument("--train-tokenizer", type=int, default=None, help="Train a byte-level BPE of this size.")
+    preparer.add_argument("--text-field", default="text", help="Text field of .jsonl records / column of .parquet.")
+    preparer.add_argument("--val-fraction", type=float, default=0.01, help="Share of tokens held out.")
+    preparer.add_argument("--workers", type=int, default=None, help="Tokenizing processes (default: every core).")
+    preparer.add_argument("--shard-tokens", type=int, default=1 << 28, help="Tokens per shard file.")
+    commands.add_subcommand("prepare", preparer, help="Text -> token shards (data.source=prepared).")
+
+    sampler = ArgumentParser(exit_on_error=False, description="Continue a prompt with a trained checkpoint.")
+    sampler.add_argument("checkpoint", help="A checkpoint folder, or a run: its newest.")
+    sampler.add_argument("--prompt", default="", help="Text to continue (empty: start a new document).")
+    sampler.add_argument("--max-new-tokens", type=int, default=200, help="Tokens to generate.")
+    sampler.add_argument("--temperature", type=float, default=0.8, help="Sampling temperature (0: greedy).")
+    sampler.add_argument("--top-k", type=int, default=200, help="Sample among the k most likely tokens only.")
+    sampler.add_argument("--seed", type=int, default=0, help="Seed of the sampling.")
+    commands.add_subcommand("sample", sampler, help="Print what a checkpoint's model writes after a prompt.")
     return parser
+
+
+def prepare_data(args: Any) -> None:
+    """Tokenize the inputs into a prepared folder and say how to train on it."""
+    from {{ cookiecutter.package_name }}.data.prepare import prepare  # imports tokenizers, not torch
+
+    manifest = prepare(
+        args.inputs, args.out, args.tokenizer, args.train_tokenizer, args.text_field, args.val_fraction,
+        args.workers, args.shard_tokens,
+    )  # fmt: skip
+    vocab = manifest["tokenizer"]["vocab_size"]
+    print(
+        f"Prepared {manifest['documents']:,} documents, {manifest['tokens']:,} tokens ({manifest['dtype']}) in"
+        f" {len(manifest['shards'])} shard(s) at {args.out}; validation: {manifest['validation']['tokens']:,} tokens"
+    )
+    print(f"Train on it: data.source: prepared, data.path: {args.out}, model.vocab_size: >= {vocab}")
+
+
+def print_sample(args: Any) -> None:
+    """Print a checkpoint's continuation of a prompt."""
+    from {{ cookiecutter.package_name }}.sample import sample  # imports torch
+
+    print(sample(args.checkpoint, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed))
 
 
 def print_plan(args: Any) -> None:
@@ -256,6 +300,12 @@ def run(argv: list[str]) -> None:
         raise RecipeError(str(error).strip().splitlines()[0]) from None
     if args.command == "slurm":
         print_sbatch(args.slurm)
+        return
+    if args.command == "prepare":
+        prepare_data(args.prepare)
+        return
+    if args.command == "sample":
+        print_sample(args.sample)
         return
     if args.command == "plan":
         print_plan(args.plan)

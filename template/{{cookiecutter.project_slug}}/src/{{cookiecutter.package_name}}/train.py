@@ -27,7 +27,7 @@ from {{ cookiecutter.package_name }}.checkpoint import (
     resolve_resume,
 )
 from {{ cookiecutter.package_name }}.config import Recipe, TrainConfig, dump_recipe
-from {{ cookiecutter.package_name }}.data import Batch, TrainBatches, load_tokens, split_tokens, validation_batches
+from {{ cookiecutter.package_name }}.data import Batch, TrainBatches, load_splits, validation_batches
 from {{ cookiecutter.package_name }}.errors import TrainingStopped
 from {{ cookiecutter.package_name }}.fabric_setup import (
     build_fabric,
@@ -50,8 +50,7 @@ from {{ cookiecutter.package_name }}.step_sync import agree
 def train(recipe: Recipe) -> None:
     """Train the model the recipe describes; resumes when the recipe says so."""
     # Everything that can reject the recipe runs before any process is launched or file written.
-    tokens = load_tokens(recipe.data)
-    train_tokens, val_tokens = split_tokens(tokens, recipe.data.val_fraction, recipe.model.block_size)
+    train_tokens, val_tokens = load_splits(recipe.data, recipe.model)
     resume_from = resolve_resume(recipe)
     # A resumed or requeued job appends to the W&B run of its checkpoint instead of starting a new one.
     run_id = (read_meta(resume_from).get("wandb_run_id") if resume_from else None) or new_run_id()
@@ -112,7 +111,7 @@ def train(recipe: Recipe) -> None:
     model.train()
     while state["step"] < max_steps:
         loss_sum = torch.zeros((), device=fabric.device)
-        for micro_step, (inputs, targets) in enumerate(monitor.timed(batches.next_step())):
+        for micro_step, (inputs, targets) in enumerate(monitor.timed(batches.iter_step())):
             inputs, targets = fabric.to_device((inputs, targets))
             # Gradients are synchronised only on the last micro-batch of the step.
             with no_backward_sync(fabric, model, enabled=micro_step < accumulate - 1):
