@@ -18,7 +18,7 @@ from conftest import PACKAGE, RECIPES, TINY, cli_env, run_cli
 from corpus import write_corpus
 from tokenizers import Tokenizer
 
-from {{ cookiecutter.package_name }}.config import DataConfig, ModelConfig
+from {{ cookiecutter.package_name }}.config import DataConfig, ModelConfig, dump_recipe, load_recipe
 from {{ cookiecutter.package_name }}.data import TrainBatches, load_splits
 from {{ cookiecutter.package_name }}.data.prepared import ShardedTokens, open_prepared
 
@@ -228,3 +228,22 @@ def test_small_train_tokenizer_size_is_refused(tmp_path: Path, corpus: tuple[Pat
     result = run_cli(*prepare_args(corpus[0], tmp_path / "out", "--train-tokenizer", "100"))
     assert result.returncode == 2 and "needs at least 257 tokens" in result.stderr, result.stderr
     assert not (tmp_path / "out.partial").exists()
+
+
+def test_recipes_validate_checks_the_prepared_folder(tmp_path: Path, prepared: Path) -> None:
+    recipe = load_recipe(RECIPES / "cpu-debug.yaml")
+    recipe.data = DataConfig(source="prepared", path=str(prepared))
+    recipe.model.vocab_size = 400
+    (tmp_path / "ok.yaml").write_text(dump_recipe(recipe))
+    recipe.data.path = str(tmp_path / "not-yet")
+    (tmp_path / "later.yaml").write_text(dump_recipe(recipe))
+    recipe.data.path, recipe.model.vocab_size = str(prepared), 300
+    (tmp_path / "small.yaml").write_text(dump_recipe(recipe))
+
+    result = run_cli("recipes", "validate", str(tmp_path / "ok.yaml"), str(tmp_path / "later.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert f"    data: {json.loads((prepared / 'manifest.json').read_text())['tokens']:,} tokens in" in result.stdout
+    assert f"data: {tmp_path / 'not-yet'} is not prepared yet" in result.stdout
+    refused = run_cli("recipes", "validate", str(tmp_path / "small.yaml"))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "model.vocab_size=300 is smaller than the vocabulary" in refused.stderr

@@ -103,6 +103,10 @@ def validate_recipes(files: list[str]) -> None:
         path = find_recipe(name)
         recipe = load_recipe(path)
         print(f"ok: {path}: {describe(recipe)}")
+        if recipe.data.source == "prepared":
+            from {{ cookiecutter.package_name }}.data.sources import describe_prepared  # imports numpy only
+
+            print(f"    {describe_prepared(recipe.data, recipe.model)}")
 
 
 def folder_size(path: Path) -> int:
@@ -237,7 +241,7 @@ def build_parser() -> ArgumentParser:
 
 def prepare_data(args: Any) -> None:
     """Tokenize the inputs into a prepared folder and say how to train on it."""
-    from {{ cookiecutter.package_name }}.data.prepare import prepare  # imports tokenizers, not torch
+    from {{ cookiecutter.package_name }}.data.prepare import prepare  # imports tokenizers and numpy, not torch
 
     manifest = prepare(
         args.inputs, args.out, args.tokenizer, args.train_tokenizer, args.text_field, args.val_fraction,

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from {{ cookiecutter.package_name }}.config import DataConfig, ModelConfig, RecipeError
-from {{ cookiecutter.package_name }}.data.prepared import ShardedTokens, open_prepared
+from {{ cookiecutter.package_name }}.data.prepared import ShardedTokens, open_prepared, read_manifest, verify
 
 
 def make_demo_text(num_sentences: int = 6000, seed: int = 0) -> str:
@@ -66,17 +66,38 @@ def load_splits(config: DataConfig, model: ModelConfig) -> tuple[Any, Any]:
     if config.source != "prepared":
         return split_tokens(load_tokens(config), config.val_fraction, model.block_size)
     tokens, manifest = open_prepared(Path(config.path or ""))
+    _check_vocab_size(config, model, manifest)
+    boundary = manifest["validation"]["first_token"]
+    train, val = tokens.view(0, boundary), tokens.view(boundary, len(tokens))
+    return _long_enough(
+        train, val, model.block_size, hint="prepare more data, or prepare again with another --val-fraction"
+    )
+
+
+def describe_prepared(config: DataConfig, model: ModelConfig) -> str:
+    """One line on a recipe's prepared folder (for `recipes validate`); refuses one the model cannot train on.
+
+    Checks the manifest, the files' sizes and the vocabulary, not the checksums (train does): it is quick.
+    """
+    folder = Path(config.path or "")
+    if not folder.exists() and not folder.with_name(folder.name + ".partial").exists():
+        return f"data: {folder} is not prepared yet (prepare INPUTS --out {folder} before training)"
+    manifest = read_manifest(folder)
+    verify(folder, manifest, checksums=False)
+    _check_vocab_size(config, model, manifest)
+    return (
+        f"data: {manifest['tokens']:,} tokens in {len(manifest['shards'])} shard(s) at {folder}, vocabulary"
+        f" {manifest['tokenizer']['vocab_size']}, validation {manifest['validation']['tokens']:,} tokens"
+    )
+
+
+def _check_vocab_size(config: DataConfig, model: ModelConfig, manifest: dict[str, Any]) -> None:
     vocab_size = manifest["tokenizer"]["vocab_size"]
     if model.vocab_size < vocab_size:
         raise RecipeError(
             f"model.vocab_size={model.vocab_size} is smaller than the vocabulary of data.path={config.path!r}"
             f" ({vocab_size} tokens, manifest.json): set model.vocab_size >= {vocab_size}"
         )
-    boundary = manifest["validation"]["first_token"]
-    train, val = tokens.view(0, boundary), tokens.view(boundary, len(tokens))
-    return _long_enough(
-        train, val, model.block_size, hint="prepare more data, or prepare again with another --val-fraction"
-    )
 
 
 def split_tokens(tokens: np.ndarray, val_fraction: float, block_size: int) -> tuple[np.ndarray, np.ndarray]:
