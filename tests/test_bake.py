@@ -34,7 +34,8 @@ def test_default_answers_give_the_documented_layout(default_project: Path) -> No
     assert default_project.name == "my-project"
     package = default_project / "src" / "my_project"
     modules = {"cli", "config", "fabric_setup", "parallel", "model", "data", "train", "checkpoint", "observe"}
-    assert modules <= {p.stem for p in package.glob("*.py")}
+    packages = {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}  # e.g. data/
+    assert modules <= {p.stem for p in package.glob("*.py")} | packages
     for extra in ("pyproject.toml", "README.md", ".github/workflows/ci.yml", "scripts/slurm/train.sbatch"):
         assert (default_project / extra).is_file(), extra
     assert 'default="wandb"' in (package / "config.py").read_text().replace(" ", "").replace(
