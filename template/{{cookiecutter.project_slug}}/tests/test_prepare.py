@@ -20,7 +20,9 @@ from tokenizers import Tokenizer
 
 from {{ cookiecutter.package_name }}.config import DataConfig, ModelConfig, dump_recipe, load_recipe
 from {{ cookiecutter.package_name }}.data import TrainBatches, load_splits
+from {{ cookiecutter.package_name }}.data.prepare import prepare
 from {{ cookiecutter.package_name }}.data.prepared import ShardedTokens, open_prepared
+from {{ cookiecutter.package_name }}.errors import RecipeError
 
 SHARD_TOKENS = 1000  # several shards, so sequences cross shard boundaries
 
@@ -179,7 +181,7 @@ def damaged_copy(prepared: Path, tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     "case",
     ["missing tokenizer", "vocab_size below the tokenizer's", "jsonl without the text field", "empty input",
-     "empty files", "shard checksum mismatch", "both tokenizer options"],
+     "empty files", "shard checksum mismatch", "both tokenizer options", "output exists"],
 )  # fmt: skip
 def test_bad_inputs_exit_2_with_one_line(
     tmp_path: Path, prepared: Path, corpus: tuple[Path, list[str]], case: str
@@ -212,6 +214,7 @@ def test_bad_inputs_exit_2_with_one_line(
             train_args(tmp_path / "run", damaged_copy(prepared, tmp_path)),
             "shard-00001.bin does not match its sha256 in manifest.json",
         ),
+        "output exists": (prepare_args(corpus[0], prepared, "--train-tokenizer", "300"), "already exists"),
         "both tokenizer options": (
             prepare_args(corpus[0], out, "--train-tokenizer", "300", "--tokenizer", str(prepared / "tokenizer.json")),
             "exactly one of --tokenizer",
@@ -247,3 +250,11 @@ def test_recipes_validate_checks_the_prepared_folder(tmp_path: Path, prepared: P
     refused = run_cli("recipes", "validate", str(tmp_path / "small.yaml"))
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "model.vocab_size=300 is smaller than the vocabulary" in refused.stderr
+
+
+def test_a_record_without_the_text_field_midway_leaves_nothing_behind(tmp_path: Path) -> None:
+    lines = [json.dumps({"text": "first"}), json.dumps({"text": "second"}), json.dumps({"body": "third"})]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(RecipeError, match=r"in\.jsonl:3: no text field 'text' \(found: body"):
+        prepare([str(tmp_path / "in.jsonl")], str(tmp_path / "out"), train_tokenizer=300, workers=1, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
