@@ -33,7 +33,15 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from {{ cookiecutter.package_name }}.data.prepared import FORMAT, MANIFEST, TOKENIZER, ShardedTokens
+from {{ cookiecutter.package_name }}.data.prepared import (
+    FORMAT,
+    MANIFEST,
+    TOKENIZER,
+    ShardedTokens,
+    ShardWriter,
+    count_token,
+    validation_boundary,
+)
 from {{ cookiecutter.package_name }}.data.tokenizer import eos_id, load_tokenizer, train_byte_level_bpe, vocab_size
 from {{ cookiecutter.package_name }}.errors import RecipeError
 
@@ -167,46 +175,6 @@ class Progress:
             self.bar.close()
 
 
-class ShardWriter:
-    """Appends tokens to shard-NNNNN.bin files of `shard_tokens` tokens each; hashes them as they are written."""
-
-    def __init__(self, folder: Path, dtype: np.dtype, shard_tokens: int) -> None:
-        self.folder, self.dtype, self.shard_tokens = folder, dtype, shard_tokens
-        self.shards: list[dict[str, Any]] = []
-        self.max_token_id = -1
-        self._file: Any = None
-        self._hash: Any = None
-        self._count = 0
-
-    def write(self, tokens: np.ndarray) -> None:
-        """Append tokens, starting new shards as they fill."""
-        if len(tokens):
-            self.max_token_id = max(self.max_token_id, int(tokens.max()))
-        while len(tokens):
-            if self._file is None:
-                name = f"shard-{len(self.shards):05d}.bin"
-                self._file, self._hash, self._count = (self.folder / name).open("wb"), hashlib.sha256(), 0
-                self.shards.append({"file": name, "tokens": 0, "sha256": ""})
-            piece, tokens = tokens[: self.shard_tokens - self._count], tokens[self.shard_tokens - self._count :]
-            data = piece.astype(self.dtype, copy=False).tobytes()
-            self._file.write(data)
-            self._hash.update(data)
-            self._count += len(piece)
-            if self._count == self.shard_tokens:
-                self._close_shard()
-
-    def close(self) -> list[dict[str, Any]]:
-        """Finish the last shard; the manifest entries of all shards."""
-        if self._file is not None:
-            self._close_shard()
-        return self.shards
-
-    def _close_shard(self) -> None:
-        self._file.close()
-        self.shards[-1].update(tokens=self._count, sha256=self._hash.hexdigest())
-        self._file = None
-
-
 _worker_tokenizer: Tokenizer | None = None
 
 
@@ -283,28 +251,6 @@ def encode_to_shards(
 def _write(writer: ShardWriter, tokens: np.ndarray, progress: Progress) -> None:
     writer.write(tokens)
     progress.tokens += len(tokens)
-
-
-def validation_boundary(tokens: ShardedTokens, eos: int, fraction: float) -> int:
-    """First token of the validation split: the start of the document that holds the last `fraction` of tokens.
-
-    Whole documents go to validation where possible; a single document is split at the token.
-    """
-    target = len(tokens) - max(1, round(len(tokens) * fraction))
-    end = target
-    while end > 0:  # the last end-of-document token before `target`, scanning back in pieces
-        start = max(0, end - (1 << 20))
-        ends = np.flatnonzero(tokens[start:end] == eos)
-        if len(ends):
-            return start + int(ends[-1]) + 1
-        end = start
-    return target
-
-
-def count_token(tokens: ShardedTokens, token: int) -> int:
-    """How often `token` occurs, counted in pieces (the shards stay on disk)."""
-    piece = 1 << 24
-    return sum(int(np.count_nonzero(tokens[start : start + piece] == token)) for start in range(0, len(tokens), piece))
 
 
 def prepare(
