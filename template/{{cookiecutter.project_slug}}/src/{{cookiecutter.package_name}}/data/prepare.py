@@ -157,7 +157,10 @@ class Progress:
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", file=sys.stderr)
+            # The size is read once; a terminal reporting 0 columns or rows (some ptys) would hide tqdm's bar.
+            columns, rows = shutil.get_terminal_size()
+            self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", file=sys.stderr,
+                            ncols=columns, nrows=rows)  # fmt: skip
 
     def advance(self, consumed: int) -> None:
         """Count input bytes read."""
