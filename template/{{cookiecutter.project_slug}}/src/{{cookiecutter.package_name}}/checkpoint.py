@@ -14,26 +14,30 @@ the final name is complete; one whose files do not match its meta.json is skippe
 from __future__ import annotations
 
 import json
-import random
 import re
 import shutil
+import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+import yaml
 from lightning.fabric import Fabric
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.faults import fault_point
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.rng import rng_state, set_rng_state
 from {{ cookiecutter.package_name }}.strategies import strategy_class
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 META_FILE = "meta.json"
+# Model fields a resumed run may change: they do not change the shapes of the saved tensors.
+RESUMABLE_MODEL_CHANGES = ("dropout", "init_from")
 
 
 def checkpoint_root(recipe: Recipe) -> Path:
@@ -63,21 +67,30 @@ def read_meta(path: Path) -> dict[str, Any]:
     return json.loads((path / META_FILE).read_text())
 
 
-def list_checkpoints(root: Path, warn: bool = True) -> list[Path]:
-    """Complete checkpoint folders under root, oldest first; incomplete ones are skipped with a warning."""
-    if not root.is_dir():
-        return []
-    found = []
-    for path in root.iterdir():
-        if match := STEP_DIR.match(path.name):
-            problem = problem_with(path)
-            if problem is None:
-                found.append((int(match.group(1)), path))
-            elif warn:
-                warnings.warn(f"skipping incomplete checkpoint {path}: {problem}", stacklevel=2)
-        elif path.name.endswith(".partial") and warn:
-            warnings.warn(f"skipping unfinished checkpoint {path} (a save was interrupted)", stacklevel=2)
-    return [path for _, path in sorted(found)]
+def scan_checkpoints(root: Path) -> tuple[list[Path], dict[Path, str]]:
+    """(complete checkpoint folders oldest first, {folder that is not complete: why}) under root.
+
+    A `.partial` folder is a save that was interrupted (the job died while writing): expected after
+    a kill, never loaded. A folder with its final name whose files do not match meta.json is damaged
+    (a node died after the rename, a disk filled up): it too is never loaded.
+    """
+    complete, not_complete = [], {}
+    if root.is_dir():
+        for path in root.iterdir():
+            if match := STEP_DIR.match(path.name):
+                problem = problem_with(path)
+                if problem is None:
+                    complete.append((int(match.group(1)), path))
+                else:
+                    not_complete[path] = problem
+            elif path.name.endswith(".partial") and STEP_DIR.match(path.name.removesuffix(".partial")):
+                not_complete[path] = "unfinished save"
+    return [path for _, path in sorted(complete)], not_complete
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoint folders under root, oldest first."""
+    return scan_checkpoints(root)[0]
 
 
 def find_latest(root: Path) -> Path | None:
@@ -87,53 +100,65 @@ def find_latest(root: Path) -> Path | None:
 
 
 def resolve_resume(recipe: Recipe) -> Path | None:
-    """The checkpoint a run continues from: null -> none, auto -> newest complete one if any, else the given path."""
+    """The checkpoint a run continues from: null -> none, auto -> newest complete one if any, else the given path.
+
+    Refused before anything starts: an explicit path that is not a complete checkpoint, `auto` when
+    the only checkpoints there are damaged (starting over would silently throw the run away), and a
+    checkpoint of another model shape. Skipped folders are named in one line (rank 0).
+    """
     resume = recipe.checkpoint.resume
     if resume is None:
         return None
     if resume == "auto":
-        return find_latest(checkpoint_root(recipe))
-    path = Path(resume)
-    if not path.is_dir():
-        raise RecipeError(f"checkpoint.resume={resume!r}: no such checkpoint folder")
-    if problem := problem_with(path):
-        raise RecipeError(f"checkpoint.resume={resume!r}: not a complete checkpoint: {problem}")
+        root = checkpoint_root(recipe)
+        complete, not_complete = scan_checkpoints(root)
+        damaged = {path: why for path, why in not_complete.items() if not path.name.endswith(".partial")}
+        if damaged and not complete:
+            names = "; ".join(f"{path.name} ({why})" for path, why in sorted(damaged.items()))
+            raise RecipeError(
+                f"checkpoint.resume=auto: no complete checkpoint under {root}, only damaged ones: {names}."
+                " To start afresh on purpose, choose another out_dir or pass --checkpoint.resume null"
+            )
+        path = complete[-1] if complete else None
+        skipped = sorted(p for p in not_complete if path is None or _step_of(p) > _step_of(path))
+        if skipped and rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by Lightning at import
+            kind = {True: "unfinished", False: "incomplete"}
+            said = "; ".join(
+                f"skipping {kind[p.name.endswith('.partial')]} checkpoint {p}: {not_complete[p]}" for p in skipped
+            )
+            print(f"{said}; resuming from {path.name if path else 'step 0 (nothing was saved yet)'}", file=sys.stderr)
+    else:
+        path = Path(resume)
+        if not path.is_dir():
+            raise RecipeError(f"checkpoint.resume={resume!r}: no such checkpoint folder")
+        if problem := problem_with(path):
+            raise RecipeError(f"checkpoint.resume={resume!r}: not a complete checkpoint: {problem}")
+    if path is not None:
+        check_same_model(path, recipe)
     return path
 
 
-def rng_state() -> dict[str, Any]:
-    """This process's random number generator states (only tensors and plain values: weights_only-safe)."""
-    numpy_state = np.random.get_state(legacy=False)
-    state = {
-        "python": random.getstate(),
-        "numpy": {
-            "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
-            "pos": int(numpy_state["state"]["pos"]),
-            "has_gauss": int(numpy_state["has_gauss"]),
-            "gauss": float(numpy_state["gauss"]),
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+def _step_of(path: Path) -> int:
+    match = STEP_DIR.match(path.name.removesuffix(".partial"))
+    return int(match.group(1)) if match else -1
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` returned."""
-    random.setstate(state["python"])
-    numpy_state = state["numpy"]
-    np.random.set_state(
-        {
-            "bit_generator": "MT19937",
-            "state": {"key": numpy_state["key"].numpy().astype(np.uint32), "pos": numpy_state["pos"]},
-            "has_gauss": numpy_state["has_gauss"],
-            "gauss": numpy_state["gauss"],
-        }
-    )
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def check_same_model(path: Path, recipe: Recipe) -> None:
+    """Refuse to resume a checkpoint of another model shape, naming the fields that differ."""
+    saved_file = path / "config.yaml"
+    if not saved_file.is_file():
+        return
+    saved = (yaml.safe_load(saved_file.read_text()) or {}).get("model", {})
+    current = recipe.to_dict()["model"]
+    compared = [key for key in current if key in saved and key not in RESUMABLE_MODEL_CHANGES]
+    differ = [
+        f"model.{key}={saved[key]!r} there, {current[key]!r} here" for key in compared if saved[key] != current[key]
+    ]
+    if differ:
+        raise RecipeError(
+            f"checkpoint {path} was saved for another model ({', '.join(differ)}): resume it with the same model"
+            " settings, or start afresh in another out_dir or with --checkpoint.resume null"
+        )
 
 
 class Checkpointer:
@@ -228,7 +253,7 @@ class Checkpointer:
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
         if self.config.keep_last:
-            for old in list_checkpoints(self.root, warn=False)[: -self.config.keep_last]:
+            for old in list_checkpoints(self.root)[: -self.config.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
 
 
