@@ -16,7 +16,8 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger
 
-from {{ cookiecutter.package_name }}.checkpoint import checkpoint_root, load_checkpoint, read_meta, resolve_resume
+from {{ cookiecutter.package_name }}.checkpoint import load_checkpoint
+from {{ cookiecutter.package_name }}.checkpoint_layout import checkpoint_root, read_meta, resolve_resume
 from {{ cookiecutter.package_name }}.data import Batch, TrainBatches, load_splits, validation_batches
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.launchers import check_launcher, start_processes
