@@ -197,11 +197,7 @@ def build_parser() -> ArgumentParser:
     consolidate.add_argument("output", help="File to write the model weights to.")
     checkpoint_commands.add_subcommand("consolidate", consolidate, help="One weights file for plain PyTorch.")
 
-    planner = ArgumentParser(exit_on_error=False, description="GPU memory of the training state per strategy.")
-    planner.add_argument("recipe", help="Recipe name or path: its model, precision, devices and nodes.")
-    planner.add_argument("--gpu_memory_gib", type=float, default=80.0, help="Memory of one GPU in GiB.")
-    planner.add_argument("--headroom", type=float, default=0.3, help="Fraction of it kept for activations.")
-    commands.add_subcommand("plan", planner, help="Which strategy fits a recipe's model on its GPUs.")
+    commands.add_subcommand("plan", plan_parser(), help="Which strategy for a model on a cluster: memory, time, a recipe.")
 
     slurm = ArgumentParser(exit_on_error=False, description="Print an sbatch script for a recipe (nodes, tasks, GPUs).")
     slurm.add_argument("recipe", help="Recipe name or path.")
@@ -214,18 +210,96 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def print_plan(args: Any) -> None:
-    """Print the training state per GPU of every strategy for a recipe's model and layout, and a recommendation."""
-    from {{ cookiecutter.package_name }}.model import count_parameters  # imports torch
-    from {{ cookiecutter.package_name }}.plan import plan
+def plan_parser() -> ArgumentParser:
+    """`plan`'s own options; every recipe field is an override as well (`--model.n_layer 48`, `--devices 8`)."""
+    from {{ cookiecutter.package_name }}.hardware import GPUS, INTERCONNECTS
 
-    if args.gpu_memory_gib <= 0:
-        raise RecipeError(f"--gpu_memory_gib={args.gpu_memory_gib:g} must be > 0")
-    if not 0 <= args.headroom < 1:
-        raise RecipeError(f"--headroom={args.headroom:g} must be in [0, 1): the fraction of GPU memory kept free")
-    recipe = load_recipe(find_recipe(args.recipe))
-    lines, verdict = plan(recipe, count_parameters(recipe.model), args.gpu_memory_gib, args.headroom)
-    print("\n".join([*lines, "", verdict]))
+    planner = ArgumentParser(
+        prog=f"{PROG} plan",
+        exit_on_error=False,
+        description="Memory per device, communication and a step-time bound of every strategy, and the one to pick."
+        " Every recipe field is an override too: --model.n_layer, --model.block_size (sequence length),"
+        " --devices, --num_nodes, --precision, --train.micro_batch_size, ...",
+    )
+    planner.add_argument("recipe", nargs="?", default=None, help="Recipe name or path (first); none: 8 GPUs, bf16.")
+    planner.add_argument("--parameters", type=float, default=None, help="A bare parameter count, e.g. 70e9.")
+    planner.add_argument("--gpu", default="H100", help=f"One of {', '.join(GPUS)}.")
+    planner.add_argument("--gpu_memory_gib", type=float, default=None, help="Memory per device instead of the table's.")
+    planner.add_argument("--interconnect", default="infiniband", help=f"Between nodes: {', '.join(INTERCONNECTS)}.")
+    planner.add_argument("--margin", type=float, default=0.1, help="Fraction of device memory kept free.")
+    planner.add_argument("--host_memory_gib", type=float, default=None, help="Host RAM per node, for CPU offload.")
+    planner.add_argument("--write", default=None, help="Write the recommended recipe to this file.")
+    planner.add_argument("--json", action="store_true", help="Print the plan as JSON (schema in the README).")
+    return planner
+
+
+# With no recipe, `plan` starts from a node of 8 GPUs training in bf16-mixed, one sequence per micro-batch.
+PLAN_DEFAULTS = ["--accelerator", "cuda", "--devices", "8", "--precision", "bf16-mixed", "--train.micro_batch_size", "1"]
+PLAN_FLAGS = ("--parameters", "--gpu", "--gpu_memory_gib", "--interconnect", "--margin", "--host_memory_gib", "--write")
+
+
+def print_plan(argv: list[str]) -> None:
+    """`plan [RECIPE] [options] [recipe overrides]`: print (or --write, --json) the plan. Imports no torch."""
+    import dataclasses
+    import json
+
+    import yaml
+
+    from {{ cookiecutter.package_name }}.hardware import GPUS, INTERCONNECTS, Gpu
+    from {{ cookiecutter.package_name }}.plan import plan, plan_inputs
+    from {{ cookiecutter.package_name }}.plan_report import library_recipe, reference_model, render, to_json, written_recipe
+    from {{ cookiecutter.package_name }}.sizing import gpt_parameters
+
+    name = argv[0] if argv and not argv[0].startswith("-") else None
+    own, overrides, rest = [], [], argv[1:] if name else argv
+    while rest:
+        token, rest = rest[0], rest[1:]
+        if token.split("=")[0] in PLAN_FLAGS and "=" not in token and rest:
+            own, rest = [*own, token, rest[0]], rest[1:]
+        elif token.split("=")[0] in (*PLAN_FLAGS, "--json", "-h", "--help"):
+            own.append(token)
+        else:
+            overrides.append(token)
+    try:
+        options = plan_parser().parse_args([*own] + ([name] if name else []))
+    except Exception as error:  # jsonargparse's ArgumentError spans lines; keep the first
+        raise RecipeError(str(error).strip().splitlines()[0]) from None
+    if options.gpu not in GPUS:
+        raise RecipeError(f"--gpu={options.gpu}: not in the table (choose {', '.join(GPUS)}, or add --gpu_memory_gib)")
+    if options.interconnect not in INTERCONNECTS:
+        raise RecipeError(f"--interconnect={options.interconnect}: choose {', '.join(INTERCONNECTS)}")
+    for flag in ("gpu_memory_gib", "parameters", "host_memory_gib"):
+        if getattr(options, flag) is not None and getattr(options, flag) <= 0:
+            raise RecipeError(f"--{flag}={getattr(options, flag):g} must be > 0")
+    if not 0 <= options.margin < 1:
+        raise RecipeError(f"--margin={options.margin:g} must be in [0, 1): the fraction of device memory kept free")
+    base = ["--config", str(find_recipe(name))] if name else PLAN_DEFAULTS
+    if options.parameters and not name:  # a bare count: plan it on the nearest reference shape
+        base = [*base, *(arg for key, value in reference_model(options.parameters).items() for arg in (f"--model.{key}", str(value)))]
+    recipe = parse_recipe([*base, *overrides], recipe_parser(f"{PROG} plan"))
+    gpu = GPUS[options.gpu]
+    if options.gpu_memory_gib:
+        gpu = dataclasses.replace(gpu, name=f"{gpu.name} ({options.gpu_memory_gib:g} GiB)", memory_bytes=int(options.gpu_memory_gib * 2**30))
+    elif recipe.accelerator == "cpu":
+        gpu = Gpu("CPU (16 GiB per process assumed; set --gpu_memory_gib)", 16 * 2**30, 0.0, 0.0, 0.0)
+    parameters = int(options.parameters) if options.parameters else gpt_parameters(recipe.model)
+    host = options.host_memory_gib * 2**30 if options.host_memory_gib else None
+    result = plan(plan_inputs(recipe, parameters, gpu, INTERCONNECTS[options.interconnect], options.margin, host))
+    if options.json:
+        print(json.dumps(to_json(result), indent=2))
+    else:
+        model = recipe.model
+        print(render(result, f"n_layer={model.n_layer}, n_embd={model.n_embd}, n_head={model.n_head}, vocab_size={model.vocab_size}"))
+    if options.write:
+        if result.recommended is None:
+            raise RecipeError(f"--write {options.write}: {result.reason}")
+        target = Path(options.write)
+        if target.exists():
+            raise RecipeError(f"--write {target}: the file exists (choose another name)")
+        library = yaml.safe_load(find_recipe(library_recipe(result.recommended.candidate, result.inputs)).read_text())
+        recipe_dict = written_recipe(library, dataclasses.asdict(recipe.model), result)
+        target.write_text(f"# Written by `{PROG} plan`: {result.reason}\n" + yaml.safe_dump(recipe_dict, sort_keys=False))
+        print(f"wrote {target}", file=sys.stderr if options.json else sys.stdout)
 
 
 def print_sbatch(args: Any) -> None:
@@ -250,15 +324,15 @@ def run(argv: list[str]) -> None:
 
         train(recipe)
         return
+    if argv[:1] == ["plan"]:
+        print_plan(argv[1:])
+        return
     try:
         args = build_parser().parse_args(argv)
     except Exception as error:  # jsonargparse's ArgumentError spans lines; keep the first
         raise RecipeError(str(error).strip().splitlines()[0]) from None
     if args.command == "slurm":
         print_sbatch(args.slurm)
-        return
-    if args.command == "plan":
-        print_plan(args.plan)
         return
     if args.command == "checkpoint":
         sub = args.checkpoint
