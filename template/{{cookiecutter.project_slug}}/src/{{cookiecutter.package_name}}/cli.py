@@ -197,7 +197,7 @@ def build_parser() -> ArgumentParser:
     consolidate.add_argument("output", help="File to write the model weights to.")
     checkpoint_commands.add_subcommand("consolidate", consolidate, help="One weights file for plain PyTorch.")
 
-    commands.add_subcommand("plan", plan_parser(), help="Which strategy for a model on a cluster: memory, time, a recipe.")
+    commands.add_subcommand("plan", plan_parser(), help="Which strategy for a model on a cluster.")
 
     slurm = ArgumentParser(exit_on_error=False, description="Print an sbatch script for a recipe (nodes, tasks, GPUs).")
     slurm.add_argument("recipe", help="Recipe name or path.")
@@ -234,7 +234,16 @@ def plan_parser() -> ArgumentParser:
 
 
 # With no recipe, `plan` starts from a node of 8 GPUs training in bf16-mixed, one sequence per micro-batch.
-PLAN_DEFAULTS = ["--accelerator", "cuda", "--devices", "8", "--precision", "bf16-mixed", "--train.micro_batch_size", "1"]
+PLAN_DEFAULTS = (
+    "--accelerator",
+    "cuda",
+    "--devices",
+    "8",
+    "--precision",
+    "bf16-mixed",
+    "--train.micro_batch_size",
+    "1",
+)
 PLAN_FLAGS = ("--parameters", "--gpu", "--gpu_memory_gib", "--interconnect", "--margin", "--host_memory_gib", "--write")
 
 
@@ -273,13 +282,15 @@ def print_plan(argv: list[str]) -> None:
             raise RecipeError(f"--{flag}={getattr(options, flag):g} must be > 0")
     if not 0 <= options.margin < 1:
         raise RecipeError(f"--margin={options.margin:g} must be in [0, 1): the fraction of device memory kept free")
-    base = ["--config", str(find_recipe(name))] if name else PLAN_DEFAULTS
+    base = ["--config", str(find_recipe(name))] if name else list(PLAN_DEFAULTS)
     if options.parameters and not name:  # a bare count: plan it on the nearest reference shape
-        base = [*base, *(arg for key, value in reference_model(options.parameters).items() for arg in (f"--model.{key}", str(value)))]
+        reference = reference_model(options.parameters).items()
+        base += [arg for key, value in reference for arg in (f"--model.{key}", str(value))]
     recipe = parse_recipe([*base, *overrides], recipe_parser(f"{PROG} plan"))
     gpu = GPUS[options.gpu]
     if options.gpu_memory_gib:
-        gpu = dataclasses.replace(gpu, name=f"{gpu.name} ({options.gpu_memory_gib:g} GiB)", memory_bytes=int(options.gpu_memory_gib * 2**30))
+        memory = int(options.gpu_memory_gib * 2**30)
+        gpu = dataclasses.replace(gpu, name=f"{gpu.name} ({options.gpu_memory_gib:g} GiB)", memory_bytes=memory)
     elif recipe.accelerator == "cpu":
         gpu = Gpu("CPU (16 GiB per process assumed; set --gpu_memory_gib)", 16 * 2**30, 0.0, 0.0, 0.0)
     parameters = int(options.parameters) if options.parameters else gpt_parameters(recipe.model)
@@ -289,7 +300,8 @@ def print_plan(argv: list[str]) -> None:
         print(json.dumps(to_json(result), indent=2))
     else:
         model = recipe.model
-        print(render(result, f"n_layer={model.n_layer}, n_embd={model.n_embd}, n_head={model.n_head}, vocab_size={model.vocab_size}"))
+        shape = f"n_layer={model.n_layer}, n_embd={model.n_embd}, n_head={model.n_head}, vocab_size={model.vocab_size}"
+        print(render(result, shape))
     if options.write:
         if result.recommended is None:
             raise RecipeError(f"--write {options.write}: {result.reason}")
@@ -298,7 +310,8 @@ def print_plan(argv: list[str]) -> None:
             raise RecipeError(f"--write {target}: the file exists (choose another name)")
         library = yaml.safe_load(find_recipe(library_recipe(result.recommended.candidate, result.inputs)).read_text())
         recipe_dict = written_recipe(library, dataclasses.asdict(recipe.model), result)
-        target.write_text(f"# Written by `{PROG} plan`: {result.reason}\n" + yaml.safe_dump(recipe_dict, sort_keys=False))
+        header = f"# Written by `{PROG} plan`: {result.reason}\n"
+        target.write_text(header + yaml.safe_dump(recipe_dict, sort_keys=False))
         print(f"wrote {target}", file=sys.stderr if options.json else sys.stdout)
 
 

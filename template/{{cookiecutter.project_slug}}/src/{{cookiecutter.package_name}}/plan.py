@@ -41,6 +41,7 @@ from {{ cookiecutter.package_name }}.sizing import (
     activations,
     count_parameters,
     gpt_shape,
+    layer_activations,
     layer_parameters,
     torch_model_states,
     training_flops_per_token,
@@ -220,9 +221,7 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
     if candidate.offload == "cpu" and inputs.host_memory_bytes is not None:
         fits = fits and offloaded <= inputs.host_memory_bytes
     comm, seconds = communication(candidate, inputs, micro_batch, local, data_parallel, checkpointing)
-    return Estimate(
-        candidate, why_not, paper, offloaded, tuple(terms), acts, checkpointing, total, fits, comm, seconds
-    )
+    return Estimate(candidate, why_not, paper, offloaded, tuple(terms), acts, checkpointing, total, fits, comm, seconds)
 
 
 def communication(
@@ -307,16 +306,16 @@ def reason(best: Estimate, estimates: list[Estimate], inputs: Inputs, micro_batc
     name = best.candidate.name
     if best.candidate.tensor_parallel > 1:
         why = (
-            f"one layer's activations ({size(best.activations.recompute_peak * best.candidate.tensor_parallel)})"
+            f"one layer's activations ({size(layer_activations(inputs.shape, micro_batch, inputs.precision))})"
             f" do not fit beside the sharded states; splitting each layer over {best.candidate.tensor_parallel}"
-            f" {device_word(inputs)}s does"
+            f" {device_word(inputs, plural=True)} does"
         )
     else:
-        why = REASONS[name].format(
-            device=device_word(inputs), devices=inputs.devices, offloaded=size(best.offloaded)
-        )
+        why = REASONS[name].format(device=device_word(inputs), devices=inputs.devices, offloaded=size(best.offloaded))
     how = "with activation checkpointing" if best.checkpointing else "without activation checkpointing"
-    batch = f"micro batch {micro_batch}" + (f" (halved from {inputs.micro_batch})" if micro_batch != inputs.micro_batch else "")
+    batch = f"micro batch {micro_batch}" + (
+        f" (halved from {inputs.micro_batch})" if micro_batch != inputs.micro_batch else ""
+    )
     return (
         f"{name} is the cheapest that fits ({size(best.total)} of {size(inputs.budget)} per {device_word(inputs)},"
         f" {how}, {batch}): {why}."
@@ -328,13 +327,15 @@ def nothing_fits(estimates: list[Estimate], inputs: Inputs) -> str:
     smallest = min((e for e in estimates if e.unavailable is None), key=lambda e: e.total)
     return (
         f"nothing fits: the smallest is {smallest.candidate.name} at {size(smallest.total)} per"
-        f" {device_word(inputs)} ({size(inputs.budget)} usable); add {device_word(inputs)}s or nodes, shorten the"
+        f" {device_word(inputs)} ({size(inputs.budget)} usable); add {device_word(inputs, plural=True)} or nodes, shorten the"
         " sequence, or use GPUs with more memory"
     )
 
 
-def device_word(inputs: Inputs) -> str:
-    return "CPU process" if inputs.cpu else "GPU"
+def device_word(inputs: Inputs, plural: bool = False) -> str:
+    """What one device is called: GPU, or CPU process for CPU recipes."""
+    word = "CPU process" if inputs.cpu else "GPU"
+    return word + ("es" if inputs.cpu else "s") if plural else word
 
 
 def size(value: float) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 from {{ cookiecutter.package_name }}.plan import GB, GIB, Candidate, Inputs, Plan, count, device_word
 from {{ cookiecutter.package_name }}.sizing import Shape, count_parameters
 
+POWERS = {"GiB": "2^30", "MiB": "2^20", "KiB": "2^10", "B": "1"}
 
 # GPT-3 (Brown et al. 2020, table 2.1; 1.3 B with 16 heads so they divide the width), Llama-30B/70B
 # widths, and the 1 T model of Narayanan et al. 2021: the shape a bare parameter count is planned on.
@@ -29,6 +30,7 @@ REFERENCE_SHAPES = (
 
 def reference_model(parameters: float, vocab_size: int = 50304, block_size: int = 2048) -> dict[str, int]:
     """The model fields of the reference shape whose parameter count is nearest (by ratio) to `parameters`."""
+
     def fields(layers: int, width: int, heads: int) -> dict[str, int]:
         return {"vocab_size": vocab_size, "block_size": block_size, "n_layer": layers, "n_embd": width, "n_head": heads}
 
@@ -116,10 +118,10 @@ def render(result: Plan, describe_model: str) -> str:
     lines = [
         f"model: {count(inputs.parameters)} parameters ({describe_model}), sequence {inputs.shape.sequence_length},"
         f" micro batch {inputs.micro_batch}, precision {inputs.precision}, AdamW",
-        f"layout: {inputs.devices} {word}(s) x {inputs.num_nodes} node(s) = {inputs.world_size} ranks;"
+        f"layout: {inputs.devices} {word}({'es' if inputs.cpu else 's'}) x {inputs.num_nodes} node(s) = {inputs.world_size} ranks;"
         f" {gpu.name}: {gpu.memory_bytes / GIB:.1f} GiB = {gpu.memory_bytes / GB:.1f} GB per {word},"
         f" {inputs.budget / GIB:.1f} GiB usable ({inputs.margin:.0%} margin)",
-        f"bytes per {word} in {unit} ({'2^30' if unit == 'GiB' else unit}); params/grads/optim: the ZeRO paper's model"
+        f"bytes per {word} in {unit} ({POWERS[unit]} bytes); params/grads/optim: the ZeRO paper's model"
         " states; runtime: what the runtime adds; act/act-ckpt: activations without / with checkpointing;"
         " comm: volume vs ddp; step: lower bound (s) of one optimizer step",
         "",
