@@ -24,7 +24,7 @@ Communication per micro-batch step relative to ddp's gradient all-reduce (2 x pa
 and ZeRO 1-2, 1.5x for ZeRO-3 / FSDP2 (ZeRO paper, section 7), hsdp 1.5x inside a node plus 1/devices
 across nodes, tensor parallel four all-reduces of s*b*h per layer per micro-batch. The step time is a
 lower bound: max(FLOPs / peak, data-parallel bytes / bandwidth, host or NVMe traffic) + tensor-parallel
-all-reduces (they sit on the critical path), for one micro-batch per rank.
+all-reduces (they sit on the critical path), for one optimizer step of the recipe's global batch.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
             ("root (embeddings, head) gathered for the step", weight * root * (1 - 1 / data_parallel)),
         ]
     else:
-        grad = 2 if mixed or precision.startswith(("bf16", "16")) else 4
+        grad = 4 if precision == "32-true" else 2  # DeepSpeed keeps 16-bit parameters and gradients
         if mixed and candidate.stage == 1:
             terms.append(("fp32 gradient accumulation (bf16 optimizer)", 4 * local))
         elif mixed and candidate.offload == "none":  # offloaded: the partition lives with the optimizer
