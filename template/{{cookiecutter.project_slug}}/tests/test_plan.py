@@ -100,6 +100,8 @@ def test_the_json_lists_every_candidate_with_the_documented_fields(capsys: pytes
     assert comm["ddp"] == comm["zero1"] == comm["zero2"] == pytest.approx(1.0)  # the ZeRO paper, section 7
     assert comm["zero3"] == comm["fsdp2"] == pytest.approx(1.5)
     assert comm["fsdp2_tp2"] > comm["fsdp2"]  # plus tensor parallel's per-layer all-reduces
+    hsdp = plan_json(capsys, "hsdp-multinode")["options"][3]
+    assert hsdp["strategy"] == "hsdp" and hsdp["comm_volume_vs_ddp"] == pytest.approx(1.5 + 1 / 8)
 
 
 def test_overrides_change_the_model_and_layout(capsys: pytest.CaptureFixture[str]) -> None:

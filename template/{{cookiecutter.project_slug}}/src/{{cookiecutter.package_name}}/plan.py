@@ -244,7 +244,8 @@ def communication(
         return data, tensor
 
     data, tensor = elements(t)
-    ratio = (data + tensor) / (2 * p)  # one micro-batch per device, as in the ZeRO paper
+    across_nodes = 2 * local / inputs.devices if candidate.family == "hsdp" else 0.0  # the replicas' all-reduce
+    ratio = (data + across_nodes + tensor) / (2 * p)  # one micro-batch per device, as in the ZeRO paper
     if inputs.cpu:
         return ratio, None
     data, tensor = elements(inputs.grad_accum * t)
@@ -257,7 +258,7 @@ def communication(
     intra = inputs.gpu.intra_node_gb_s * GB
     across = min(intra, inputs.inter_node_gb_s * GB / inputs.devices) if inputs.num_nodes > 1 else intra
     if candidate.family == "hsdp":  # the replicas all-reduce their shard across nodes once per step
-        network = data * collective_bytes / intra + 2 * local / inputs.devices * collective_bytes / across
+        network = data * collective_bytes / intra + across_nodes * collective_bytes / across
     else:
         network = data * collective_bytes / across if data_parallel > 1 else 0.0
     host = 0.0
