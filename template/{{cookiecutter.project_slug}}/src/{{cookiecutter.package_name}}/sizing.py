@@ -19,8 +19,8 @@ section 4): a transformer layer stores s*b*h*(34 + 5*a*s/h) bytes without recomp
 activations, 1-byte dropout masks; 5*a*s/h is the attention scores, softmax and its dropout mask),
 s*b*h*(10 + 24/t + 5*a*s/(h*t)) under t-way tensor parallelism without sequence parallelism (the
 layer norms and dropouts stay replicated), and 2*s*b*h (its input) with full recomputation. The
-embeddings and the output layer add about 4*s*b*h*(1 + v/h)/t, the cross entropy's fp32 logits
-being the s*b*v part. `activations` gives that paper figure and, beside it, the count for this
+embeddings and the output layer add about 4*s*b*h*(1 + v/h)/t (as the paper gives it, with sequence
+parallelism), the cross entropy's fp32 logits being the s*b*v part. `activations` gives that paper figure and, beside it, the count for this
 project's GPT, derived the same way from what its autograd graph saves:
 
     per layer, pre-norm block, fused scaled-dot-product attention, no dropout (pre-training):
