@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import re
+import shutil
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import REPO, bake, run
 from cookiecutter.exceptions import FailedHookException
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
-JINJA = re.compile(r"\{\{|\{%|\{#")
+# GitHub Actions expressions (${{ ... }}) are meant to stay in the generated workflow.
+JINJA = re.compile(r"(?<!\$)\{\{|\{%|\{#")
 
 
 def text_files(project: Path) -> list[Path]:
@@ -33,11 +40,20 @@ def assert_ruff_clean(project: Path) -> None:
 def test_default_answers_give_the_documented_layout(default_project: Path) -> None:
     assert default_project.name == "my-project"
     package = default_project / "src" / "my_project"
-    modules = {"cli", "config", "fabric_setup", "parallel", "model", "data", "train", "checkpoint", "observe"}
+    modules = {"cli", "errors", "run", "train", "optim", "data", "checkpoint", "observe", "step_decision"}
     assert modules <= {p.stem for p in package.glob("*.py")}
-    for extra in ("pyproject.toml", "README.md", ".github/workflows/ci.yml", "scripts/slurm/train.sbatch"):
+    for subpackage, members in {
+        "recipe": {"schema", "load", "checks", "library"},
+        "strategies": {"base", "ddp", "model_parallel", "fsdp1", "deepspeed"},
+        "models": {"gpt"},
+    }.items():
+        assert members <= {p.stem for p in (package / subpackage).glob("*.py")}, subpackage
+    for extra in (
+        *("pyproject.toml", "setup.py", "constraints.txt", "README.md", "LICENSE", ".gitignore"),
+        *(".pre-commit-config.yaml", ".github/workflows/ci.yml", "scripts/slurm/train.sbatch"),
+    ):
         assert (default_project / extra).is_file(), extra
-    assert 'default="wandb"' in (package / "config.py").read_text().replace(" ", "").replace(
+    assert 'default="wandb"' in (package / "recipe" / "schema.py").read_text().replace(" ", "").replace(
         'Literal["wandb","tensorboard","csv","none"]=', "default="
     )
 
@@ -58,7 +74,7 @@ def test_every_choice_renders_lints_and_passes_its_quick_tests(tmp_path: Path, l
     assert_ruff_clean(project)
     assert (project / "scripts" / "slurm" / "train.sbatch").exists() == (include_slurm == "yes")
     assert ("sbatch" in (project / "README.md").read_text()) == (include_slurm == "yes")
-    config = (project / "src" / "my_project" / "config.py").read_text()
+    config = (project / "src" / "my_project" / "recipe" / "schema.py").read_text()
     assert re.search(rf'name: Literal\[.*\] = "{logger}"', config)
     quick = run([sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider"], cwd=project)
     assert quick.returncode == 0, quick.stdout[-3000:] + quick.stderr[-2000:]
@@ -103,9 +119,10 @@ def test_command_line_no_input_generates_the_default_project(tmp_path: Path) -> 
     assert (tmp_path / "my-project" / "recipes" / "cpu-debug.yaml").is_file()
 
 
-def test_unknown_choice_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="logger"):
-        bake(tmp_path, logger="mlflow")
+@pytest.mark.parametrize(("answer", "value"), [("logger", "mlflow"), ("license", "GPL-3.0")])
+def test_unknown_choice_is_refused(tmp_path: Path, answer: str, value: str) -> None:
+    with pytest.raises(ValueError, match=answer):
+        bake(tmp_path, **{answer: value})
 
 
 def test_every_recipe_says_when_to_choose_it() -> None:
@@ -113,3 +130,158 @@ def test_every_recipe_says_when_to_choose_it() -> None:
         header = recipe.read_text().splitlines()[:2]
         assert all(line.startswith("# ") for line in header), recipe.name
         assert "choose" in " ".join(header).lower(), recipe.name
+
+
+@pytest.mark.parametrize(
+    ("license_id", "first_line", "copyright_line"),
+    [
+        ("MIT", "MIT License", "Copyright (c) {year} Ada O'Neil"),
+        ("Apache-2.0", "Apache License", "Copyright {year} Ada O'Neil"),
+        ("BSD-3-Clause", "BSD 3-Clause License", "Copyright (c) {year}, Ada O'Neil"),
+    ],
+)
+def test_the_chosen_license_is_written_in_full_and_declared(
+    tmp_path: Path, license_id: str, first_line: str, copyright_line: str
+) -> None:
+    project = bake(tmp_path, license=license_id, author="Ada O'Neil")
+    text = (project / "LICENSE").read_text()
+    year = str(datetime.datetime.now(datetime.UTC).year)
+    assert text.strip().splitlines()[0].strip() == first_line
+    assert copyright_line.format(year=year) in text
+    assert len(text) > {"MIT": 1000, "Apache-2.0": 11000, "BSD-3-Clause": 1400}[license_id]  # the full text
+    assert "[yyyy]" not in text and "{{" not in text
+    project_table = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    assert project_table["license"] == license_id
+    assert project_table["license-files"] == ["LICENSE"]
+
+
+def test_license_none_writes_no_license_file_and_declares_none(tmp_path: Path) -> None:
+    project = bake(tmp_path, license="none")
+    assert_fully_rendered(project)
+    assert not (project / "LICENSE").exists()
+    assert "license" not in tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    assert_ruff_clean(project)
+
+
+def test_the_template_repository_itself_is_mit_licensed() -> None:
+    assert (REPO / "LICENSE").read_text().startswith("MIT License\n")
+
+
+def test_gitignore_keeps_run_output_builds_and_caches_out_of_git(default_project: Path, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    shutil.copytree(default_project, project)
+    ignored = [
+        "runs/cpu-debug/checkpoints/step-00000010/meta.json",
+        "wandb/offline-run-1/run.wandb",
+        "logs/train-1.out",
+        "build/lib/my_project/cli.py",
+        "dist/my_project-0.1.0-py3-none-any.whl",
+        "src/my_project.egg-info/PKG-INFO",
+        ".venv/bin/python",
+        "src/my_project/__pycache__/cli.cpython-311.pyc",
+        ".pytest_cache/README.md",
+        ".ruff_cache/CACHEDIR.TAG",
+        ".mypy_cache/CACHEDIR.TAG",
+        "data/prepared/train.bin",
+        "model.pt",
+    ]
+    for name in ignored:
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text("x")
+    assert run(["git", "init", "-q"], cwd=project).returncode == 0
+    status = run(["git", "status", "--porcelain", "--untracked-files=all", "--ignored=no"], cwd=project).stdout
+    listed = {line[3:] for line in status.splitlines()}
+    assert not [name for name in ignored if name in listed]
+    for kept in ("src/my_project/cli.py", "recipes/cpu-debug.yaml", "pyproject.toml", "constraints.txt", "LICENSE"):
+        assert kept in listed, kept
+
+
+def root_test_group() -> dict[str, str]:
+    """The exact versions of the template repository's test group, by normalised package name."""
+    group = tomllib.loads((REPO / "pyproject.toml").read_text())["dependency-groups"]["test"]
+    pins = {}
+    for line in group:
+        requirement = Requirement(line)
+        (specifier,) = requirement.specifier
+        assert specifier.operator == "==", line
+        pins[canonicalize_name(requirement.name)] = specifier.version
+    return pins
+
+
+def test_constraints_pin_exactly_the_versions_the_template_tests_ran_with(default_project: Path) -> None:
+    pins, seen = root_test_group(), set()
+    for line in (default_project / "constraints.txt").read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        requirement = Requirement(line)
+        (specifier,) = requirement.specifier
+        assert specifier.operator == "==", line
+        if requirement.marker is None or requirement.marker.evaluate():  # the test group's Python
+            name = canonicalize_name(requirement.name)
+            assert pins.get(name) == specifier.version, f"{line}: the test group has {pins.get(name)}"
+            seen.add(name)
+    # Every dependency and extra of the generated project is pinned (torchao: not in the tested set).
+    project_table = tomllib.loads((default_project / "pyproject.toml").read_text())["project"]
+    declared = [*project_table["dependencies"], *itertools.chain(*project_table["optional-dependencies"].values())]
+    names = {canonicalize_name(Requirement(line).name) for line in declared} - {"my-project", "torchao"}
+    assert names <= seen, names - seen
+
+
+def test_dependencies_are_ranges_bounded_above_where_private_apis_are_used(default_project: Path) -> None:
+    project_table = tomllib.loads((default_project / "pyproject.toml").read_text())["project"]
+    requirements = {
+        canonicalize_name(Requirement(line).name): Requirement(line) for line in project_table["dependencies"]
+    }
+    extras = project_table["optional-dependencies"]
+    requirements["deepspeed"] = Requirement(extras["deepspeed"][0])
+    for name in ("torch", "lightning", "jsonargparse", "deepspeed"):
+        operators = {spec.operator for spec in requirements[name].specifier}
+        assert operators == {">=", "<"}, requirements[name]
+    pins = root_test_group()
+    for name, requirement in requirements.items():
+        assert requirement.specifier.contains(pins[name]), f"{requirement} excludes the tested {name}=={pins[name]}"
+    # `dev` works on any OS: no DeepSpeed; `test` adds it on Linux.
+    assert not any(line.startswith("deepspeed") for line in extras["dev"])
+    assert any(line.startswith("deepspeed") and "linux" in line for line in extras["test"])
+
+
+@pytest.mark.parametrize(("logger", "needed", "optional"), [("wandb", "wandb", "tensorboard"), ("csv", None, None)])
+def test_only_the_chosen_logger_is_a_hard_dependency(
+    tmp_path: Path, logger: str, needed: str | None, optional: str | None
+) -> None:
+    project = bake(tmp_path, logger=logger)
+    project_table = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    names = {canonicalize_name(Requirement(line).name) for line in project_table["dependencies"]}
+    assert names & {"wandb", "tensorboard"} == ({needed} if needed else set())
+    assert {"wandb", "tensorboard"} <= set(project_table["optional-dependencies"])
+
+
+def test_generated_ci_lints_type_checks_and_tests_on_the_oldest_and_newest_python(default_project: Path) -> None:
+    workflow = yaml.safe_load((default_project / ".github" / "workflows" / "ci.yml").read_text())
+    classifiers = tomllib.loads((default_project / "pyproject.toml").read_text())["project"]["classifiers"]
+    claimed = sorted(
+        (line.rsplit(" :: ", 1)[1] for line in classifiers if re.search(r"Python :: 3\.\d+$", line)),
+        key=lambda version: int(version.split(".")[1]),
+    )
+    job = workflow["jobs"]["test"]
+    assert job["strategy"]["matrix"]["python-version"] == [claimed[0], claimed[-1]]
+    steps = [step.get("run", "") for step in job["steps"]]
+    assert job["steps"][1]["with"]["python-version"] == "${{ matrix.python-version }}"
+    assert "-c constraints.txt" in " ".join(steps)
+    for command in ("ruff check", "ruff format --check", "mypy", "pytest"):
+        assert any(command in step for step in steps), command
+    readme = (default_project / "README.md").read_text()
+    assert 'pip install -e ".[dev]" -c constraints.txt' in readme
+
+
+def test_pre_commit_runs_the_ruff_of_the_tested_set(default_project: Path) -> None:
+    config = yaml.safe_load((default_project / ".pre-commit-config.yaml").read_text())
+    (ruff,) = [repo for repo in config["repos"] if "ruff-pre-commit" in repo["repo"]]
+    assert ruff["rev"] == f"v{root_test_group()['ruff']}"
+    assert {hook["id"] for hook in ruff["hooks"]} == {"ruff-check", "ruff-format"}
+
+
+def test_the_generated_package_passes_mypy(default_project: Path) -> None:
+    checked = run([sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir", "/dev/null"], cwd=default_project)
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-2000:]
+    assert "Success" in checked.stdout

@@ -1,17 +1,23 @@
 """Bring the recipe library into the new project and remove files for options not chosen."""
 
 import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-# The template folder; the recipe library lives beside it at the top of the template repository.
-TEMPLATE_DIR = Path("{{ cookiecutter._repo_dir }}")
-INCLUDE_SLURM = "{{ cookiecutter.include_slurm }}" == "yes"
+# cookiecutter names the template folder; the recipe library lives beside it at the top of the
+# template repository. cruft (`cruft create/update ... --directory template`) renders from a clone it
+# does not name, but gives the repository and the commit it renders.
+TEMPLATE_DIR = {{ cookiecutter.get("_repo_dir", "") | tojson }}
+TEMPLATE_REPOSITORY = {{ cookiecutter.get("_template", "") | tojson }}
+TEMPLATE_COMMIT = {{ cookiecutter.get("_commit", "") | tojson }}
+INCLUDE_SLURM = {{ cookiecutter.include_slurm | tojson }} == "yes"
+LICENSE = {{ cookiecutter.license | tojson }}
 
 
-def copy_recipes(project: Path) -> None:
-    """Copy the top-level recipes/ (the single source of truth) into the project."""
-    library = TEMPLATE_DIR.parent / "recipes"
+def copy_library(library: Path, project: Path) -> None:
+    """Copy the recipe files of `library` into the project's recipes/."""
     if not library.is_dir():
         sys.exit(f"ERROR: recipe library not found at {library}; the template repository is incomplete")
     target = project / "recipes"
@@ -20,8 +26,29 @@ def copy_recipes(project: Path) -> None:
         shutil.copy2(recipe, target / recipe.name)
 
 
+def copy_recipes(project: Path) -> None:
+    """Copy the top-level recipes/ (the single source of truth) of the template into the project."""
+    if TEMPLATE_DIR:
+        copy_library(Path(TEMPLATE_DIR).parent / "recipes", project)
+        return
+    # Under cruft: the library of the very commit being rendered, from the repository it came from.
+    with tempfile.TemporaryDirectory() as clone:
+        steps = [["clone", "--quiet", TEMPLATE_REPOSITORY, clone]]
+        if TEMPLATE_COMMIT:
+            steps.append(["-C", clone, "-c", "advice.detachedHead=false", "checkout", "--quiet", TEMPLATE_COMMIT])
+        for step in steps:
+            fetched = subprocess.run(["git", *step], capture_output=True, text=True)
+            if fetched.returncode != 0:
+                break
+        if fetched.returncode != 0:
+            sys.exit(f"ERROR: could not fetch the recipe library from {TEMPLATE_REPOSITORY}: {fetched.stderr.strip()}")
+        copy_library(Path(clone) / "recipes", project)
+
+
 def prune(project: Path) -> None:
     """Remove what the chosen options do not use."""
+    if LICENSE == "none":
+        (project / "LICENSE").unlink()
     if not INCLUDE_SLURM:
         shutil.rmtree(project / "scripts" / "slurm")
         scripts = project / "scripts"

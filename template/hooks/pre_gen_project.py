@@ -10,9 +10,11 @@ ANSWERS = {
     "package_name": {{ cookiecutter.package_name | tojson }},
     "author": {{ cookiecutter.author | tojson }},
     "description": {{ cookiecutter.description | tojson }},
+    "license": {{ cookiecutter.license | tojson }},
     "logger": {{ cookiecutter.logger | tojson }},
     "include_slurm": {{ cookiecutter.include_slurm | tojson }},
 }
+LICENSES = ("MIT", "Apache-2.0", "BSD-3-Clause", "none")
 SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 PACKAGE = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -35,6 +37,8 @@ def problems(answers: dict[str, str]) -> list[str]:
         value = answers[name]
         if any(char in value for char in '"\\\n'):
             found.append(f"{name} {value!r} may not contain double quotes, backslashes or line breaks")
+    if answers["license"] not in LICENSES:
+        found.append(f"license {answers['license']!r} is not one of: {', '.join(LICENSES)}")
     if answers["logger"] not in ("wandb", "tensorboard", "csv"):
         found.append(f"logger {answers['logger']!r} is not one of: wandb, tensorboard, csv")
     if answers["include_slurm"] not in ("yes", "no"):

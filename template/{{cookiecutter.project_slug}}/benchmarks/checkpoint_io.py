@@ -14,18 +14,15 @@ import os
 import shutil
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 
-import torch
 import torch.nn.functional as F
 
 from {{ cookiecutter.package_name }}.checkpoint import Checkpointer, load_checkpoint
-from {{ cookiecutter.package_name }}.cli import exit_process
-from {{ cookiecutter.package_name }}.config import load_recipe
-from {{ cookiecutter.package_name }}.data import TrainBatches, load_tokens
-from {{ cookiecutter.package_name }}.fabric_setup import build_fabric, build_model, setup_model_and_optimizer
-from {{ cookiecutter.package_name }}.train import build_optimizer
+from {{ cookiecutter.package_name }}.errors import exit_process
+from {{ cookiecutter.package_name }}.models import count_parameters
+from {{ cookiecutter.package_name }}.recipe.load import load_recipe
+from {{ cookiecutter.package_name }}.run import setup
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "cpu-debug.yaml"
 
@@ -64,29 +61,14 @@ def main() -> None:
     recipe = load_recipe(RECIPE)
     recipe.devices, recipe.out_dir, recipe.logger.name = args.devices, str(work), "none"
     recipe.model.n_layer, recipe.model.n_embd, recipe.model.n_head = args.n_layer, args.n_embd, 16
-    recipe.train.micro_batch_size = 1
-    fabric = build_fabric(recipe, [])
-    fabric.launch()
-    fabric.seed_everything(0)
-    model = build_model(fabric, recipe)
-    parameters = sum(p.numel() for p in model.parameters())
-    make_optimizer = partial(build_optimizer, config=recipe.train)
-    model, optimizer, _ = setup_model_and_optimizer(fabric, model, recipe, make_optimizer)
-    batches = TrainBatches(
-        load_tokens(recipe.data), recipe.model.block_size, 1, 1, fabric.global_rank, fabric.world_size, 0
-    )
-    inputs, targets = fabric.to_device(batches.next_step()[0])
+    recipe.train.micro_batch_size, recipe.train.seed, recipe.checkpoint.resume = 1, 0, None
+    run = setup(recipe)
+    fabric, model, optimizer, state = run.fabric, run.model, run.optimizer, run.state
+    parameters = count_parameters(recipe.model)
+    inputs, targets = fabric.to_device(run.batches.next_step()[0])
     fabric.backward(F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten()))
     optimizer.step()  # populates the AdamW state, as in a real checkpoint
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    state = {
-        "model": model,
-        "optimizer": optimizer,
-        "scheduler": scheduler,
-        "data": batches,
-        "step": 1,
-        "tokens_seen": 0,
-    }
+    state["step"] = 1
 
     sync_saver = Checkpointer(fabric, recipe)
     sync_seconds = sync_saver.save(state)

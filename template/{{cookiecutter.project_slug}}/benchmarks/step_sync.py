@@ -1,4 +1,4 @@
-"""Per-step agreement between ranks: one fused all_reduce (step_sync.agree) against one collective per decision.
+"""Per-step agreement between ranks: one fused all_reduce (step_decision.decide) against one collective per decision.
 
     python benchmarks/step_sync.py                     # tiny GPT, FSDP2 on 2 CPU processes (gloo)
     python benchmarks/step_sync.py --n_layer 4 --n_embd 256 --steps 60
@@ -17,18 +17,15 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from {{ cookiecutter.package_name }}.cli import exit_process
-from {{ cookiecutter.package_name }}.config import load_recipe
-from {{ cookiecutter.package_name }}.data import TrainBatches, load_tokens
-from {{ cookiecutter.package_name }}.fabric_setup import build_fabric, build_model, setup_model_and_optimizer
-from {{ cookiecutter.package_name }}.step_sync import agree
-from {{ cookiecutter.package_name }}.train import build_optimizer
+from {{ cookiecutter.package_name }}.errors import exit_process
+from {{ cookiecutter.package_name }}.recipe.load import load_recipe
+from {{ cookiecutter.package_name }}.run import setup
+from {{ cookiecutter.package_name }}.step_decision import Update, decide
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "cpu-debug.yaml"
 
@@ -46,15 +43,9 @@ def main() -> None:
     recipe.devices, recipe.logger.name = args.devices, "none"
     recipe.model.n_layer, recipe.model.n_embd, recipe.model.n_head = args.n_layer, args.n_embd, 2
     recipe.model.block_size, recipe.train.micro_batch_size = 64, 4
-    fabric = build_fabric(recipe, [])
-    fabric.launch()
-    fabric.seed_everything(0)
-    make_optimizer = partial(build_optimizer, config=recipe.train)
-    model, optimizer, _ = setup_model_and_optimizer(fabric, build_model(fabric, recipe), recipe, make_optimizer)
-    batches = TrainBatches(
-        load_tokens(recipe.data), recipe.model.block_size, recipe.train.micro_batch_size, 1,
-        fabric.global_rank, fabric.world_size, 0,
-    )  # fmt: skip
+    recipe.train.seed, recipe.checkpoint.resume = 0, None
+    run = setup(recipe)
+    fabric, model, optimizer, batches = run.fabric, run.model, run.optimizer, run.batches
 
     def forward_backward() -> torch.Tensor:
         inputs, targets = fabric.to_device(batches.next_step()[0])
@@ -73,11 +64,11 @@ def main() -> None:
         assert signal == 0 and not save_due
 
     def fused() -> None:
-        agreed = agree(fabric, forward_backward(), 0, False)
-        if not agreed.nonfinite_loss:
+        decision = decide(fabric, forward_backward(), "skip", 0, False)
+        if decision.update is Update.APPLY:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        assert agreed.stop_signal == 0 and not agreed.save_due
+        assert not decision.preempted and not decision.save_due
 
     def mean_step_seconds(step: Callable[[], None]) -> float:
         fabric.barrier()
@@ -93,7 +84,7 @@ def main() -> None:
     variants = {
         "2 all_reduces (loss; signal)": lambda: per_decision(time_based_save=False),
         "2 all_reduces + broadcast(bool)": lambda: per_decision(time_based_save=True),
-        "1 fused all_reduce (agree)": fused,
+        "1 fused all_reduce (decide)": fused,
     }
     for step in variants.values():  # warm up both
         for _ in range(3):

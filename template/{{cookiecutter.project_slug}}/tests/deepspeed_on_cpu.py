@@ -17,12 +17,11 @@ os.environ["DS_ACCELERATOR"] = "cpu"  # before deepspeed is imported
 from lightning.fabric.strategies import DDPStrategy, DeepSpeedStrategy
 from lightning.fabric.strategies import deepspeed as fabric_deepspeed
 
-from {{ cookiecutter.package_name }} import config, fabric_setup, strategy_config
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.strategies.deepspeed import DeepSpeed
 
-# 1. The recipe checks: deepspeed is GPU-only everywhere else.
-for module in (config, fabric_setup, strategy_config):
-    module.GPU_ONLY_STRATEGIES = tuple(name for name in module.GPU_ONLY_STRATEGIES if name != "deepspeed")
+# 1. The hardware rule (recipe/checks.py asks the strategy): deepspeed needs no GPU here.
+DeepSpeed.gpu_requirement = lambda self: None
 # 2. Fabric's guard that the accelerator is CUDA; the rest of its environment setup is DDP's.
 DeepSpeedStrategy.setup_environment = DDPStrategy.setup_environment
 # 3. Fabric's check that GPU indices match local ranks: a CPU device has no index.

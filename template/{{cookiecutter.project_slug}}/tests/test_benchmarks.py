@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT, cli_env
+from helpers import PROJECT, cli_env
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def test_step_sync_benchmark_compares_the_fused_all_reduce_with_one_collective_p
     assert [name for name, _, _ in rows] == [
         "2 all_reduces (loss; signal)",
         "2 all_reduces + broadcast(bool)",
-        "1 fused all_reduce (agree)",
+        "1 fused all_reduce (decide)",
     ], out
     assert float(rows[0][2]) == 1.0 and all(float(ms) > 0 for _, ms, _ in rows)
 

@@ -7,18 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import RECIPES, TINY, read_csv_metrics, run_cli
+from helpers import read_csv_metrics, run_cli, train_args
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.config import ModelConfig
-from {{ cookiecutter.package_name }}.model import GPT
-
-
-def train_args(out_dir: Path, *extra: str) -> list[str]:
-    return [
-        "train", "--config", str(RECIPES / "cpu-debug.yaml"), *TINY, "--out_dir", str(out_dir),
-        "--logger.name", "csv", "--eval.every_steps", "0", *extra,
-    ]  # fmt: skip
+from {{ cookiecutter.package_name }}.models.gpt import GPT
+from {{ cookiecutter.package_name }}.recipe.schema import ModelConfig
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +19,11 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """12 steps saving by wall time (every few milliseconds), keeping the newest 2 checkpoints."""
     out_dir = tmp_path_factory.mktemp("timed")
     schedule = ["--checkpoint.save_every_steps", "0", "--checkpoint.save_every_minutes", "0.0001"]
-    result = run_cli(*train_args(out_dir, "--train.max_steps", "12", "--checkpoint.keep_last", "2", *schedule))
+    result = run_cli(
+        *train_args(
+            out_dir, "--eval.every_steps", "0", "--train.max_steps", "12", "--checkpoint.keep_last", "2", *schedule
+        )
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("Saved checkpoint ") >= 4  # time-based saves, not only the final one
     return out_dir
@@ -77,7 +74,9 @@ def test_damaged_newest_checkpoint_is_skipped_with_a_warning(run_dir: Path, tmp_
 
     listed = run_cli("checkpoint", "list", str(copy))
     assert "step-00000012" in listed.stdout and "INCOMPLETE" in listed.stdout and shard.name in listed.stdout
-    resumed = run_cli(*train_args(copy, "--train.max_steps", "14", "--checkpoint.resume", "auto"))
+    resumed = run_cli(
+        *train_args(copy, "--eval.every_steps", "0", "--train.max_steps", "14", "--checkpoint.resume", "auto")
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "skipping incomplete checkpoint" in resumed.stderr and "step-00000012" in resumed.stderr
     assert f"Resumed from {older} at step {int(older.name.split('-')[1])}" in resumed.stdout

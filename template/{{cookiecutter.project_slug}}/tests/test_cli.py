@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES
+from helpers import RECIPES
 
 from {{ cookiecutter.package_name }}.cli import main
 

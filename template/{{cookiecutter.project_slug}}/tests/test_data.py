@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.config import DataConfig, RecipeError
 from {{ cookiecutter.package_name }}.data import TrainBatches, load_tokens, make_demo_text, split_tokens, validation_batches
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.recipe.schema import DataConfig
 
 TOKENS = np.arange(10_000, dtype=np.int64) % 251
 

@@ -12,38 +12,33 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT, RECIPES, TINY, losses_by_run, read_csv_metrics, run_cli
+from helpers import PROJECT, losses_by_run, read_csv_metrics, run_cli, train_args
 
 pytestmark = pytest.mark.slow
 
 STEPS = 6
 # Global batch 8 = 2 processes x micro-batch 2 x 2 accumulated micro-batches.
 COMMON = [
-    *TINY,
     "--train.micro_batch_size", "2", "--train.grad_accum_steps", "2", "--train.max_steps", str(STEPS),
-    "--eval.every_steps", "0", "--checkpoint.save_every_steps", "2", "--logger.name", "csv",
+    "--eval.every_steps", "0", "--checkpoint.save_every_steps", "2",
 ]  # fmt: skip
 ZERO = {
-    "zero1": ["--strategy.deepspeed_stage", "1"],
-    "zero2": ["--strategy.deepspeed_stage", "2"],
-    "zero3": ["--strategy.deepspeed_stage", "3"],
-    "zero2_offload": ["--strategy.deepspeed_stage", "2", "--strategy.offload_optimizer", "cpu"],
-    "zero1_bf16": ["--strategy.deepspeed_stage", "1", "--precision", "bf16-mixed"],
-    "zero3_bf16": ["--strategy.deepspeed_stage", "3", "--precision", "bf16-mixed"],
+    "zero1": ["--strategy.deepspeed.stage", "1"],
+    "zero2": ["--strategy.deepspeed.stage", "2"],
+    "zero3": ["--strategy.deepspeed.stage", "3"],
+    "zero2_offload": ["--strategy.deepspeed.stage", "2", "--strategy.deepspeed.offload_optimizer", "cpu"],
+    "zero1_bf16": ["--strategy.deepspeed.stage", "1", "--precision", "bf16-mixed"],
+    "zero3_bf16": ["--strategy.deepspeed.stage", "3", "--precision", "bf16-mixed"],
     "zero3_offload": [
-        "--strategy.deepspeed_stage", "3", "--strategy.offload_optimizer", "cpu", "--strategy.offload_parameters", "cpu",
+        "--strategy.deepspeed.stage", "3", "--strategy.deepspeed.offload_optimizer", "cpu", "--strategy.deepspeed.offload_parameters", "cpu",
     ],
 }  # fmt: skip
 TOLERANCE = 1e-5  # the same computation; ZeRO-3 reduce-scatters where ddp all-reduces (summation order)
 
 
-def train_args(out_dir: Path, *extra: str) -> list[str]:
-    return ["train", "--config", str(RECIPES / "cpu-debug.yaml"), *COMMON, "--out_dir", str(out_dir), *extra]
-
-
 def deepspeed(out_dir: Path, zero: str, *extra: str, fault: str = "") -> subprocess.CompletedProcess:
     """The command line under tests/deepspeed_on_cpu.py with strategy.name=deepspeed and a ZeRO setup."""
-    args = train_args(out_dir, "--strategy.name", "deepspeed", *ZERO[zero], *extra)
+    args = train_args(out_dir, *COMMON, "--strategy.name", "deepspeed", *ZERO[zero], *extra)
     return run_cli(*args, fault=fault, script=PROJECT / "tests" / "deepspeed_on_cpu.py")
 
 
@@ -61,7 +56,7 @@ def ddp(tmp_path_factory: pytest.TempPathFactory) -> dict:
     losses = {}
     for name, fault in (("plain", ""), ("nan_skipped", "nan-at-step:3")):
         out_dir = tmp_path_factory.mktemp(f"ddp_{name}")
-        args = train_args(out_dir, "--strategy.name", "ddp", "--train.on_nonfinite_loss", "skip")
+        args = train_args(out_dir, *COMMON, "--strategy.name", "ddp", "--train.on_nonfinite_loss", "skip")
         result = run_cli(*args, fault=fault)
         assert result.returncode == 0, result.stderr[-3000:]
         (losses[name],) = losses_by_run(out_dir)
@@ -127,6 +122,6 @@ def test_a_nan_loss_skips_the_update_on_every_rank_and_the_count_survives_a_resu
     more = ("--train.max_steps", str(STEPS + 2), "--checkpoint.resume", "auto")
     succeeded(deepspeed(tmp_path, zero, *skip, *more, fault=f"nan-at-step:{STEPS + 1}"))
     skipped = [
-        float(row["train/skipped_steps"]) for row in read_csv_metrics(tmp_path) if row.get("train/skipped_steps")
+        float(row["train/skipped_updates"]) for row in read_csv_metrics(tmp_path) if row.get("train/skipped_updates")
     ]
     assert skipped == [1.0, 2.0]

@@ -1,4 +1,4 @@
-"""Launchers agree with the recipe or are refused; sbatch scripts carry the recipe's layout; signals and NaN guards.
+"""Launchers agree with the recipe or are refused; sbatch scripts carry the recipe's layout and act on exit codes.
 
 No SLURM here: `srun` and `scontrol` are stubs on PATH that record their arguments.
 """
@@ -6,23 +6,17 @@ No SLURM here: `srun` and `scontrol` are stubs on PATH that record their argumen
 from __future__ import annotations
 
 import os
-import signal
-import stat
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-import torch
-from conftest import RECIPES
+from helpers import RECIPES, executable
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.config import RecipeError, load_recipe, parse_recipe
+from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError
 from {{ cookiecutter.package_name }}.launchers import check_launcher
-from {{ cookiecutter.package_name }}.loss_guard import NONFINITE_EXIT_CODE, LossGuard
-from {{ cookiecutter.package_name }}.preemption import Preemption
-from {{ cookiecutter.package_name }}.slurm import REQUEUE_EXIT_CODE, run_lines, sbatch_script
-from {{ cookiecutter.package_name }}.step_sync import StepAgreement, agree
+from {{ cookiecutter.package_name }}.recipe.load import load_recipe, parse_recipe
+from {{ cookiecutter.package_name }}.slurm import run_lines, sbatch_script
 
 LAUNCHER_VARIABLES = ("LT_CLI_USED", "LT_DEVICES", "LT_NUM_NODES", "LT_ACCELERATOR", "LT_STRATEGY", "LT_PRECISION")
 LAUNCHER_VARIABLES += ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS", "SLURM_JOB_NAME")
@@ -120,12 +114,7 @@ def test_slurm_command_refuses_an_invalid_recipe_in_one_line(
     assert capsys.readouterr().err == "error: recipe 'bad.yaml': devices=0 must be >= 1\n"
 
 
-def executable(path: Path, text: str) -> None:
-    path.write_text(text)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-
-
-@pytest.mark.parametrize(("srun_exit", "script_exit"), [(0, 0), (REQUEUE_EXIT_CODE, 0), (1, 1)])
+@pytest.mark.parametrize(("srun_exit", "script_exit"), [(0, 0), (ExitCode.REQUEUE, 0), (1, 1)])
 def test_sbatch_script_reports_a_requeue_as_success_and_passes_failures_on(
     tmp_path: Path, srun_exit: int, script_exit: int
 ) -> None:
@@ -136,100 +125,18 @@ def test_sbatch_script_reports_a_requeue_as_success_and_passes_failures_on(
     env.update(SLURM_JOB_NUM_NODES="4", SLURM_NTASKS_PER_NODE="8")
     result = subprocess.run(["bash", str(job), "--train.max_steps", "5"], env=env, capture_output=True, text=True)
     assert result.returncode == script_exit, result.stderr
-    assert ("job 7 requeued" in result.stdout) == (srun_exit == REQUEUE_EXIT_CODE)
+    assert ("job 7 requeued" in result.stdout) == (srun_exit == ExitCode.REQUEUE)
     called = (tmp_path / "srun.txt").read_text().split()
     assert called[called.index("--num_nodes") :] == [
         "--num_nodes", "4", "--devices", "8", "--checkpoint.resume", "auto", "--train.max_steps", "5",
     ]  # fmt: skip
+{%- if cookiecutter.include_slurm == "yes" %}
 
 
-{% if cookiecutter.include_slurm == "yes" -%}
 def test_sbatch_template_signals_requeues_and_runs_like_the_generated_script() -> None:
     sbatch = RECIPES.parent / "scripts" / "slurm" / "train.sbatch"
     template = sbatch.read_text()
     assert "#SBATCH --requeue\n" in template and "#SBATCH --signal=USR1@120\n" in template
     assert "\n".join(run_lines('"$RECIPE"')) in template
     assert subprocess.run(["bash", "-n", str(sbatch)]).returncode == 0
-
-
-{% endif -%}
-
-
-class OneProcess(SimpleNamespace):
-    """The part of Fabric that Preemption and LossGuard use, for a single process."""
-
-    device = torch.device("cpu")
-    global_rank = 0
-
-    def all_reduce(self, tensor: torch.Tensor, reduce_op: str) -> torch.Tensor:
-        return tensor
-
-    def print(self, *args: object) -> None:
-        print(*args)
-
-    def log_dict(self, metrics: dict, step: int) -> None:
-        self.logged = (metrics, step)
-
-
-@pytest.fixture
-def restore_signal_handlers() -> None:
-    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGUSR1, signal.SIGTERM)}
-    yield
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
-
-
-@pytest.mark.usefixtures("restore_signal_handlers")
-def test_a_signal_only_sets_a_flag_and_rank_zero_requeues_the_slurm_job(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    executable(tmp_path / "scontrol", f'#!/bin/sh\necho "$@" >> {tmp_path / "calls.txt"}\n')
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("SLURM_JOB_ID", "99")
-    preemption = Preemption(OneProcess())
-    assert not preemption.requested(agree(OneProcess(), torch.tensor(1.0), preemption.received, False).stop_signal)
-    os.kill(os.getpid(), signal.SIGUSR1)  # the process survives: the handler only records it
-    agreed = agree(OneProcess(), torch.tensor(1.0), preemption.received, False)
-    assert agreed.stop_signal == signal.SIGUSR1 and preemption.requested(agreed.stop_signal)
-    stopped = preemption.requeue(step=12)
-    assert stopped.exit_code == REQUEUE_EXIT_CODE
-    assert (
-        str(stopped)
-        == "preempted by SIGUSR1 at step 12, checkpoint saved; requeued SLURM job 99, it resumes from this checkpoint"
-    )
-    assert (tmp_path / "calls.txt").read_text() == "requeue 99\n"
-
-
-@pytest.mark.usefixtures("restore_signal_handlers")
-def test_outside_slurm_a_signal_stops_without_requeueing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    preemption = Preemption(OneProcess())
-    os.kill(os.getpid(), signal.SIGTERM)
-    assert preemption.requested(preemption.received)
-    assert "not a SLURM job, so nothing is requeued" in str(preemption.requeue(step=3))
-
-
-def test_loss_guard_stops_or_skips_on_nan_and_inf_and_passes_finite_losses() -> None:
-    fabric = OneProcess()
-
-    def verdict(policy: str, step: int, loss: float, skipped_so_far: int = 0) -> str:
-        nonfinite = agree(fabric, torch.tensor(loss), 0, False).nonfinite_loss
-        return LossGuard(fabric, policy).verdict(step, nonfinite, skipped_so_far)
-
-    assert verdict("stop", 5, 2.5) == "update"
-    assert verdict("stop", 5, float("inf")) == "stop"
-    stopped = LossGuard.stopped(5)
-    assert stopped.exit_code == NONFINITE_EXIT_CODE and str(stopped).startswith("loss is NaN or infinite at step 5 ")
-    assert verdict("skip", 6, float("nan"), skipped_so_far=2) == "skip"
-    assert fabric.logged == ({"train/skipped_steps": 3.0}, 6)
-
-
-def test_one_step_agreement_carries_each_flag_as_its_own_max() -> None:
-    agreed = agree(OneProcess(), torch.tensor([1.0, float("-inf")]), signal.SIGTERM, True)
-    assert agreed == StepAgreement(nonfinite_loss=True, stop_signal=signal.SIGTERM, save_due=True)
-    assert agree(OneProcess(), torch.tensor(3.0), 0, False) == StepAgreement(False, 0, False)
-
-
-def test_on_nonfinite_loss_accepts_stop_or_skip_only() -> None:
-    with pytest.raises(RecipeError, match=r"train.on_nonfinite_loss: 'ignore' is not allowed \(choose one of"):
-        parse_recipe(["--config", str(RECIPES / "cpu-debug.yaml"), "--train.on_nonfinite_loss", "ignore"])
+{%- endif %}

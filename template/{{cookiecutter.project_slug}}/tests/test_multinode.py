@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
-import stat
 import subprocess
 import sys
 import time
@@ -18,10 +16,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PACKAGE, PROJECT, RECIPES, TINY, cli_env, losses_by_run, read_csv_metrics
+from helpers import (
+    PACKAGE,
+    PROJECT,
+    cli_env,
+    executable,
+    final_weights,
+    free_port,
+    losses_by_run,
+    read_csv_metrics,
+    recipe_args,
+)
 
-from {{ cookiecutter.package_name }}.checkpoint import consolidate, find_latest
-from {{ cookiecutter.package_name }}.slurm import REQUEUE_EXIT_CODE
+from {{ cookiecutter.package_name }}.checkpoint import find_latest
+from {{ cookiecutter.package_name }}.errors import ExitCode
 
 pytestmark = pytest.mark.slow
 MAX_STEPS = 8
@@ -29,19 +37,11 @@ SCRIPT = PROJECT / "src" / PACKAGE / "train.py"
 FABRIC = Path(sys.executable).with_name("fabric")  # the `fabric` command of this environment
 
 
-def recipe_args(out_dir: Path, *extra: str) -> list[str]:
-    """The recipe and overrides every run here shares (resume auto: a rerun continues)."""
-    return [
-        "--config", str(RECIPES / "cpu-debug.yaml"), *TINY, "--out_dir", str(out_dir), "--logger.name", "csv",
-        "--train.max_steps", str(MAX_STEPS), "--checkpoint.save_every_steps", "4", "--eval.every_steps", "0",
-        "--checkpoint.resume", "auto", *extra,
-    ]  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# What every run here shares (resume auto: a rerun continues).
+SHARED = [
+    "--train.max_steps", str(MAX_STEPS), "--checkpoint.save_every_steps", "4", "--eval.every_steps", "0",
+    "--checkpoint.resume", "auto",
+]  # fmt: skip
 
 
 def start(command: list[str], **env: str) -> subprocess.Popen:
@@ -100,20 +100,14 @@ def two_nodes(launcher: str, out_dir: Path, *extra: str, **env: str) -> list[tup
     }[launcher]
     # After `--` fabric run passes every argument to the script, including names it has too (--devices).
     script = [str(SCRIPT), "--"] if launcher == "fabric" else [str(SCRIPT)]
-    args = recipe_args(out_dir, "--devices", "1", "--num_nodes", "2", *extra)
+    args = recipe_args(out_dir, *SHARED, "--devices", "1", "--num_nodes", "2", *extra)
     launches = [start([*flags, "--node-rank", str(r), *address, *script, *args], **env) for r in (0, 1)]
     return [finish(launch) for launch in launches]
 
 
 def train(out_dir: Path, *extra: str, **env: str) -> tuple[int, str, str]:
     """`<project> train` (Fabric starts the processes) with the shared recipe."""
-    return finish(start([sys.executable, "-m", PACKAGE, "train", *recipe_args(out_dir, *extra)], **env))
-
-
-def final_weights(out_dir: Path) -> dict[str, torch.Tensor]:
-    latest = find_latest(out_dir / "checkpoints")
-    assert latest is not None and latest.name == f"step-{MAX_STEPS:08d}"
-    return consolidate(latest, out_dir / "weights.pt")
+    return finish(start([sys.executable, "-m", PACKAGE, "train", *recipe_args(out_dir, *SHARED, *extra)], **env))
 
 
 def assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
@@ -129,7 +123,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[int, float
     assert returncode == 0, stderr[-3000:]
     (losses,) = losses_by_run(out_dir)
     assert sorted(losses) == list(range(1, MAX_STEPS + 1))
-    return losses, final_weights(out_dir)
+    return losses, final_weights(out_dir, MAX_STEPS)
 
 
 @pytest.mark.parametrize("launcher", ["fabric", "torchrun"])
@@ -140,12 +134,14 @@ def test_two_nodes_train_exactly_like_one_node_with_two_processes(
     for returncode, _, stderr in two_nodes(launcher, tmp_path):
         assert returncode == 0, stderr[-3000:]
     assert losses_by_run(tmp_path) == [expected_losses]
-    assert_same_weights(final_weights(tmp_path), expected_weights)
+    assert_same_weights(final_weights(tmp_path, MAX_STEPS), expected_weights)
 
 
 def test_fabric_run_flags_that_contradict_the_recipe_are_refused_with_one_line(tmp_path: Path) -> None:
     command = [str(FABRIC), "run", "--accelerator", "cpu", "--devices", "1", "--main-port", str(free_port())]
-    returncode, _, stderr = finish(start([*command, str(SCRIPT), "--", *recipe_args(tmp_path)]))  # recipe: devices 2
+    returncode, _, stderr = finish(
+        start([*command, str(SCRIPT), "--", *recipe_args(tmp_path, *SHARED)])
+    )  # recipe: devices 2
     assert returncode != 0
     line = "error: fabric run --devices=1 conflicts with the recipe's devices=2"
     assert line in stderr, stderr[-3000:]
@@ -158,7 +154,7 @@ def test_torchrun_restarts_a_crashed_worker_which_resumes_and_ends_identical(tmp
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "restart-test",
-        "--max-restarts", "1", "--monitor-interval", "0.5", str(SCRIPT), *recipe_args(tmp_path),
+        "--max-restarts", "1", "--monitor-interval", "0.5", str(SCRIPT), *recipe_args(tmp_path, *SHARED),
     ]  # fmt: skip
     returncode, stdout, stderr = finish(start(command, TRAIN_FAULT="crash-once-at-step:6"))
     assert returncode == 0, stderr[-3000:]
@@ -167,15 +163,13 @@ def test_torchrun_restarts_a_crashed_worker_which_resumes_and_ends_identical(tmp
     before_crash, after_restart = losses_by_run(tmp_path)
     assert before_crash == {step: expected_losses[step] for step in range(1, 7)}
     assert after_restart == {step: expected_losses[step] for step in range(5, MAX_STEPS + 1)}
-    assert_same_weights(final_weights(tmp_path), expected_weights)
+    assert_same_weights(final_weights(tmp_path, MAX_STEPS), expected_weights)
 
 
 def scontrol_stub(folder: Path) -> Path:
     """An `scontrol` that records its arguments (there is no SLURM here)."""
     folder.mkdir()
-    stub = folder / "scontrol"
-    stub.write_text(f'#!/bin/sh\necho "$@" >> {folder / "calls.txt"}\n')
-    stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
+    executable(folder / "scontrol", f'#!/bin/sh\necho "$@" >> {folder / "calls.txt"}\n')
     return folder / "calls.txt"
 
 
@@ -190,7 +184,7 @@ def test_a_signal_saves_the_current_step_requeues_and_the_rerun_resumes_exactly(
     # The last rank alone gets the signal after step 5 (SLURM may signal only some ranks).
     fault = f"signal-at-step:5:{signal_name}"
     returncode, _, stderr = train(out_dir, TRAIN_FAULT=fault, SLURM_JOB_ID="4242", PATH=path)
-    assert returncode == REQUEUE_EXIT_CODE, stderr[-3000:]
+    assert returncode == ExitCode.REQUEUE, stderr[-3000:]
     assert f"preempted by SIG{signal_name} at step 6, checkpoint saved; requeued SLURM job 4242" in stderr
     assert "Traceback" not in stderr
     assert calls.read_text() == "requeue 4242\n"
@@ -202,13 +196,13 @@ def test_a_signal_saves_the_current_step_requeues_and_the_rerun_resumes_exactly(
     before, after = losses_by_run(out_dir)
     assert before == {step: expected_losses[step] for step in range(1, 7)}
     assert after == {step: expected_losses[step] for step in range(7, MAX_STEPS + 1)}
-    assert_same_weights(final_weights(out_dir), expected_weights)
+    assert_same_weights(final_weights(out_dir, MAX_STEPS), expected_weights)
 
 
 def test_a_dead_worker_makes_the_other_node_exit_within_bounded_time(tmp_path: Path) -> None:
     # Two nodes started by Fabric itself; the worker of node 1 dies after step 2, the other must not hang.
     port, started = str(free_port()), time.monotonic()
-    args = recipe_args(tmp_path, "--devices", "1", "--num_nodes", "2", "--strategy.timeout_minutes", "1")
+    args = recipe_args(tmp_path, *SHARED, "--devices", "1", "--num_nodes", "2", "--strategy.timeout_minutes", "1")
     launches = [
         start(
             [sys.executable, "-m", PACKAGE, "train", *args],
@@ -251,7 +245,7 @@ def test_a_nan_loss_on_one_rank_skips_that_update_on_every_rank(
     # Had any rank applied the NaN gradients, every later loss would be NaN.
     assert all(torch.isfinite(torch.tensor(losses[step])) for step in range(4, MAX_STEPS + 1))
     rows = read_csv_metrics(tmp_path)
-    skipped = [float(row["train/skipped_steps"]) for row in rows if row.get("train/skipped_steps")]
+    skipped = [float(row["train/skipped_updates"]) for row in rows if row.get("train/skipped_updates")]
     assert skipped == [1.0]
-    weights = final_weights(tmp_path)
+    weights = final_weights(tmp_path, MAX_STEPS)
     assert all(torch.isfinite(tensor).all() for tensor in weights.values())

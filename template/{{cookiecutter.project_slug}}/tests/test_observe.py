@@ -10,21 +10,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LOGGED_METRICS
+from helpers import LOGGED_METRICS
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from {{ cookiecutter.package_name }}.config import LoggerConfig, ModelConfig, Recipe, TrainConfig
-from {{ cookiecutter.package_name }}.model import GPT, training_flops_per_token
+from {{ cookiecutter.package_name }}.hardware import gpu_model, peak_tflops
+from {{ cookiecutter.package_name }}.models import training_flops_per_token
+from {{ cookiecutter.package_name }}.models.gpt import GPT
 from {{ cookiecutter.package_name }}.observe import (
     Monitor,
     Progress,
-    gpu_model,
+    build_loggers,
+    finish_loggers,
+    log_config,
     model_flops_utilization,
-    peak_tflops,
     wandb_offline,
 )
+from {{ cookiecutter.package_name }}.recipe.schema import LoggerConfig, ModelConfig, Recipe, TrainConfig
 
 
 def test_mfu_is_achieved_model_flops_over_the_dense_peak() -> None:
@@ -57,7 +60,16 @@ def test_h200_and_h100_sxm_half_precision_peak_is_the_dense_989_not_the_sparse_1
         ("NVIDIA B200", "B200"),
         ("Tesla V100-SXM2-32GB", "V100 SXM"),
         ("Tesla V100-PCIE-16GB", "V100 PCIe"),
+        ("NVIDIA A10G", "A10G"),
+        ("Tesla T4", "T4"),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+        ("NVIDIA A40", "A40"),
+        ("NVIDIA GB200", "GB200"),
+        ("NVIDIA H20", "H20"),
+        ("NVIDIA H800", "H800 SXM"),
+        ("NVIDIA H800 PCIe", "H800 PCIe"),
         ("NVIDIA GeForce GTX 1080", None),
+        ("NVIDIA RTX A1000", None),
     ],
 )
 def test_device_names_as_torch_reports_them_find_their_row(device_name: str, row: str | None) -> None:
@@ -74,6 +86,35 @@ def test_table_peaks_per_precision() -> None:
     # A GPU without bf16, or one missing from the table, gives no peak (and no MFU) rather than a wrong one.
     assert peak_tflops("Tesla V100-SXM2-32GB", "bf16-mixed") is None
     assert peak_tflops("NVIDIA GeForce GTX 1080", "bf16-mixed") is None
+
+
+@pytest.mark.parametrize(
+    ("device_name", "precision", "peak"),
+    [
+        ("NVIDIA A10G", "bf16-mixed", 125.0),
+        ("Tesla T4", "16-mixed", 65.0),
+        ("NVIDIA GeForce RTX 4090", "bf16-mixed", 165.2),  # tensor cores, fp32 accumulate; not the 82.6 shader rate
+        ("NVIDIA A40", "bf16-mixed", 149.7),
+        ("NVIDIA GB200", "bf16-true", 2500.0),
+        ("NVIDIA H20", "bf16-mixed", 148.0),
+        ("NVIDIA H800", "bf16-mixed", 989.4),
+        ("NVIDIA H800 PCIe", "16-mixed", 756.0),
+        ("Tesla T4", "bf16-mixed", None),  # Turing has no bf16 tensor cores
+    ],
+)
+def test_dense_peaks_of_the_added_gpus(device_name: str, precision: str, peak: float | None) -> None:
+    assert peak_tflops(device_name, precision) == peak
+
+
+def test_a_gpu_missing_from_the_table_falls_back_to_lightnings_rows_that_are_right() -> None:
+    # Not in PEAK_TFLOPS; Lightning's table has them with their datasheet figures.
+    assert gpu_model("Tesla V100S-PCIE-32GB") is None
+    assert peak_tflops("Tesla V100S-PCIE-32GB", "16-mixed") == pytest.approx(130.0)
+    assert peak_tflops("Quadro RTX 5000", "16-true") == pytest.approx(89.2)
+    # Lightning lists the non-tensor rate as bf16 for GeForce cards (35.6 for the 3090): not used.
+    assert peak_tflops("NVIDIA GeForce RTX 3090", "bf16-mixed") is None
+    # Whole names only: the RTX A1000 is not an A100.
+    assert peak_tflops("NVIDIA RTX A1000", "bf16-mixed") is None
 
 
 def test_flops_per_token_are_six_per_matmul_parameter_plus_attention() -> None:
@@ -113,6 +154,18 @@ def test_without_a_known_peak_tflops_are_logged_but_no_mfu(tmp_path: Path) -> No
     monitor = Monitor(Fabric(accelerator="cpu", devices=1), tiny_recipe(tmp_path), 1_000_000, 0, samples_per_step=4)
     metrics = monitor.throughput(steps=10, seconds=2.0)
     assert "throughput/tflops_per_second_per_device" in metrics and "throughput/mfu" not in metrics
+
+
+def test_a_skipped_update_is_counted_under_one_name_and_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fabric = Fabric(accelerator="cpu", devices=1)
+    logged = []
+    monkeypatch.setattr(fabric, "log_dict", lambda metrics, step: logged.append((metrics, step)))
+    monitor = Monitor(fabric, tiny_recipe(tmp_path), 1_000_000, 0, samples_per_step=4)
+    monitor.log_skipped_update(step=6, skipped_updates=3)
+    assert logged == [({"train/skipped_updates": 3.0}, 6)]
+    assert "Skipped the update of step 6: loss is NaN or infinite on some rank" in capsys.readouterr().out
 
 
 class Terminal(io.StringIO):
@@ -187,6 +240,24 @@ def test_wandb_is_offline_without_credentials_and_online_with_a_key(
     assert not wandb_offline()
     monkeypatch.setenv("WANDB_MODE", "offline")  # a cluster without internet access
     assert wandb_offline()
+
+
+def test_wandb_logs_through_lightnings_logger_without_a_version_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """W&B's own Fabric integration warned 'tested and supported for lightning Fabric 2.1.3' on every rank."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_SILENT", raising=False)  # the warning must not be hidden, but absent
+    recipe = tiny_recipe(tmp_path, name="wandb")
+    loggers = build_loggers(recipe, run_id="abcd1234")
+    assert [type(logger) for logger in loggers] == [WandbLogger]
+    log_config(loggers, recipe)
+    loggers[0].log_metrics({"train/loss": 2.0}, step=1)
+    finish_loggers(loggers)
+    assert "tested and supported" not in "".join(capfd.readouterr())
+    assert [path.name.endswith("-abcd1234") for path in (tmp_path / "wandb").glob("offline-run-*")] == [True]
 
 
 def test_credentials_are_never_recipe_fields() -> None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LOGGED_METRICS, PACKAGE, RECIPES, TINY, cli_env
+from helpers import LOGGED_METRICS, PACKAGE, cli_env, train_args
 
 pytestmark = pytest.mark.slow
 
@@ -27,32 +27,15 @@ LOG_EVERY = 2
 
 def train_command(out_dir: Path, max_steps: int) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        PACKAGE,
-        "train",
-        "--config",
-        str(RECIPES / "cpu-debug.yaml"),
-        *TINY,
-        "--out_dir",
-        str(out_dir),
-        "--train.max_steps",
-        str(max_steps),
-        "--checkpoint.save_every_steps",
-        "3",
-        "--checkpoint.resume",
-        "auto",
-        "--eval.every_steps",
-        "3",
-        "--logger.name",
-        "wandb",
-        "--logger.group",
-        "resume-group",
-        "--logger.log_every_steps",
-        str(LOG_EVERY),
-        "--logger.peak_tflops",  # CPUs are not in the GPU table; a stated peak makes MFU appear
-        "0.5",
-    ]
+        sys.executable, "-m", PACKAGE,
+        *train_args(
+            out_dir,
+            "--train.max_steps", str(max_steps), "--checkpoint.save_every_steps", "3", "--checkpoint.resume", "auto",
+            "--eval.every_steps", "3", "--logger.name", "wandb", "--logger.group", "resume-group",
+            "--logger.log_every_steps", str(LOG_EVERY),
+            "--logger.peak_tflops", "0.5",  # CPUs are not in the GPU table; a stated peak makes MFU appear
+        ),
+    ]  # fmt: skip
 
 
 def wandb_runs(out_dir: Path) -> list[Path]:

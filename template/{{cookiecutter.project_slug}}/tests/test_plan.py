@@ -6,17 +6,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import RECIPES, cli_env
+from helpers import RECIPES, cli_env
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.config import load_recipe
-from {{ cookiecutter.package_name }}.hardware import GPUS, INTERCONNECTS
+from {{ cookiecutter.package_name }}.commands import plan_device
+from {{ cookiecutter.package_name }}.hardware import INTERCONNECTS
 from {{ cookiecutter.package_name }}.plan import CANDIDATES, Plan, estimate, plan, plan_inputs
 from {{ cookiecutter.package_name }}.plan_report import written_recipe
+from {{ cookiecutter.package_name }}.recipe.load import load_recipe
 from {{ cookiecutter.package_name }}.sizing import gpt_parameters
 
 STRATEGIES = [
@@ -144,7 +146,8 @@ def test_write_fills_the_recommended_strategy_into_a_nested_recipe(
 def plan_for(name: str) -> Plan:
     """The plan of a library recipe on H100s joined by InfiniBand, computed directly."""
     recipe = load_recipe(RECIPES / f"{name}.yaml")
-    inputs = plan_inputs(recipe, gpt_parameters(recipe.model), GPUS["H100"], INTERCONNECTS["infiniband"], 0.1)
+    device = plan_device(Namespace(gpu="H100", gpu_memory_gib=None), recipe)
+    inputs = plan_inputs(recipe, gpt_parameters(recipe.model), device, INTERCONNECTS["infiniband"], 0.1)
     return plan(inputs)
 
 
@@ -165,8 +168,8 @@ def test_a_written_tensor_parallel_recipe_has_its_size_under_fsdp2() -> None:
 def test_plan_runs_without_importing_torch() -> None:
     code = (
         "import sys\n"
-        "from {{ cookiecutter.package_name }}.cli import run\n"
-        "run(['plan', 'fsdp2-large-node', '--json'])\n"
+        "from {{ cookiecutter.package_name }}.cli import dispatch\n"
+        "dispatch(['plan', 'fsdp2-large-node', '--json'])\n"
         "assert 'torch' not in sys.modules, 'plan imported torch'\n"
     )
     result = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120)

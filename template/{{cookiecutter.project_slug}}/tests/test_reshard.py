@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES, TINY, losses_by_run, run_cli
+from helpers import losses_by_run, run_cli, train_args
 
 pytestmark = pytest.mark.slow
 
@@ -18,12 +18,7 @@ LAYOUTS = {
 }
 
 
-def args(out_dir: Path, layout: str, *extra: str) -> list[str]:
-    return [
-        "train", "--config", str(RECIPES / "cpu-debug.yaml"), *TINY, *LAYOUTS[layout],
-        "--out_dir", str(out_dir), "--logger.name", "csv", "--train.max_steps", "12",
-        "--checkpoint.save_every_steps", "8", "--eval.every_steps", "0", *extra,
-    ]  # fmt: skip
+SHARED = ["--train.max_steps", "12", "--checkpoint.save_every_steps", "8", "--eval.every_steps", "0"]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +27,7 @@ def source_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     runs = {}
     for layout in LAYOUTS:
         out_dir = tmp_path_factory.mktemp(layout)
-        result = run_cli(*args(out_dir, layout))
+        result = run_cli(*train_args(out_dir, *LAYOUTS[layout], *SHARED))
         assert result.returncode == 0, result.stderr[-3000:]
         runs[layout] = out_dir
     return runs
@@ -46,7 +41,7 @@ def test_checkpoint_continues_in_another_layout(
     tmp_path: Path, source_runs: dict[str, Path], saved_by: str, resumed_by: str
 ) -> None:
     checkpoint = source_runs[saved_by] / "checkpoints" / "step-00000008"
-    result = run_cli(*args(tmp_path, resumed_by, "--checkpoint.resume", str(checkpoint)))
+    result = run_cli(*train_args(tmp_path, *LAYOUTS[resumed_by], *SHARED, "--checkpoint.resume", str(checkpoint)))
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"Resumed from {checkpoint} at step 8" in result.stdout
 

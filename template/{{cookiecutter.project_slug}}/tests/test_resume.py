@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import RECIPES, TINY, losses_by_run, read_csv_metrics, run_cli
+from helpers import final_weights, losses_by_run, read_csv_metrics, run_cli, train_args
 
-from {{ cookiecutter.package_name }}.checkpoint import consolidate, find_latest
 from {{ cookiecutter.package_name }}.data import make_demo_text
 
 pytestmark = pytest.mark.slow
@@ -26,20 +25,13 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def args(out_dir: Path, strategy: str, corpus: Path, *extra: str) -> list[str]:
+def overrides(strategy: str, corpus: Path) -> list[str]:
+    """This file's runs: a strategy on a text corpus, resumed automatically."""
     return [
-        "train", "--config", str(RECIPES / "cpu-debug.yaml"), *TINY,
-        "--strategy.name", strategy, "--out_dir", str(out_dir), "--logger.name", "csv",
-        "--data.source", "text", "--data.path", str(corpus), "--data.val_fraction", "0.1",
+        "--strategy.name", strategy, "--data.source", "text", "--data.path", str(corpus), "--data.val_fraction", "0.1",
         "--train.max_steps", str(MAX_STEPS), "--checkpoint.save_every_steps", "8", "--eval.every_steps", "6",
-        "--checkpoint.resume", "auto", *extra,
+        "--checkpoint.resume", "auto",
     ]  # fmt: skip
-
-
-def final_weights(out_dir: Path) -> dict[str, torch.Tensor]:
-    latest = find_latest(out_dir / "checkpoints")
-    assert latest is not None and latest.name == f"step-{MAX_STEPS:08d}"
-    return consolidate(latest, out_dir / "weights.pt")
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +40,13 @@ def reference(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> dict[st
     results = {}
     for strategy in ("ddp", "fsdp2"):
         out_dir = tmp_path_factory.mktemp(f"reference-{strategy}")
-        result = run_cli(*args(out_dir, strategy, corpus))
+        result = run_cli(*train_args(out_dir, *overrides(strategy, corpus)))
         assert result.returncode == 0, result.stderr[-3000:]
         (losses,) = losses_by_run(out_dir)
         assert sorted(losses) == list(range(1, MAX_STEPS + 1))
         epochs = {int(r["step"]): float(r["train/epoch"]) for r in read_csv_metrics(out_dir) if r.get("train/epoch")}
         assert epochs[8] == epochs[12] == 0 and epochs[13] == 1  # the first pass ends with step 13
-        results[strategy] = (losses, final_weights(out_dir))
+        results[strategy] = (losses, final_weights(out_dir, MAX_STEPS))
     return results
 
 
@@ -73,12 +65,12 @@ def test_killed_and_resumed_run_is_bitwise_identical(
     tmp_path: Path, corpus: Path, reference: dict, strategy: str, fault: str, resumes_at: int | None
 ) -> None:
     expected_losses, expected_weights = reference[strategy]
-    killed = run_cli(*args(tmp_path, strategy, corpus), fault=fault)
+    killed = run_cli(*train_args(tmp_path, *overrides(strategy, corpus)), fault=fault)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     if fault.startswith("kill-in-save"):
         assert (tmp_path / "checkpoints" / "step-00000016.partial").is_dir()
 
-    resumed = run_cli(*args(tmp_path, strategy, corpus))
+    resumed = run_cli(*train_args(tmp_path, *overrides(strategy, corpus)))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     if resumes_at is None:
         assert "starting from step 0" in resumed.stdout
@@ -93,7 +85,7 @@ def test_killed_and_resumed_run_is_bitwise_identical(
     assert before_kill == {step: expected_losses[step] for step in before_kill}  # bitwise: floats compared exactly
     first = (resumes_at or 0) + 1
     assert after_resume == {step: expected_losses[step] for step in range(first, MAX_STEPS + 1)}
-    weights = final_weights(tmp_path)
+    weights = final_weights(tmp_path, MAX_STEPS)
     assert weights.keys() == expected_weights.keys()
     assert all(torch.equal(weights[name], expected_weights[name]) for name in weights)
 
@@ -103,9 +95,9 @@ def test_async_save_resumes_bitwise_identical_to_the_synchronous_run(
     tmp_path: Path, corpus: Path, reference: dict, fault: str
 ) -> None:
     expected_losses, expected_weights = reference["fsdp2"]
-    killed = run_cli(*args(tmp_path, "fsdp2", corpus, "--checkpoint.async_save", "true"), fault=fault)
+    killed = run_cli(*train_args(tmp_path, *overrides("fsdp2", corpus), "--checkpoint.async_save", "true"), fault=fault)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    resumed = run_cli(*args(tmp_path, "fsdp2", corpus, "--checkpoint.async_save", "true"))
+    resumed = run_cli(*train_args(tmp_path, *overrides("fsdp2", corpus), "--checkpoint.async_save", "true"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # A background save becomes visible once written: by the kill at 19 the one of step 16 normally is.
     match = re.search(r"Resumed from \S+ at step (\d+)", resumed.stdout)
@@ -114,5 +106,5 @@ def test_async_save_resumes_bitwise_identical_to_the_synchronous_run(
     assert resumes_at == 8 if fault.startswith("kill-in-save") else resumes_at in (8, 16)
     _, after_resume = losses_by_run(tmp_path)
     assert after_resume == {step: expected_losses[step] for step in range(resumes_at + 1, MAX_STEPS + 1)}
-    weights = final_weights(tmp_path)
+    weights = final_weights(tmp_path, MAX_STEPS)
     assert all(torch.equal(weights[name], expected_weights[name]) for name in expected_weights)

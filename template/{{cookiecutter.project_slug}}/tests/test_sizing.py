@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from {{ cookiecutter.package_name }}.config import ModelConfig
-from {{ cookiecutter.package_name }}.model import GPT, count_parameters, training_flops_per_token
+from {{ cookiecutter.package_name }}.models import count_parameters, training_flops_per_token
+from {{ cookiecutter.package_name }}.models.gpt import GPT
+from {{ cookiecutter.package_name }}.recipe.schema import ModelConfig
 from {{ cookiecutter.package_name }}.sizing import (
     activations,
     gpt_parameters,

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import PACKAGE, RECIPES, TINY, cli_env, run_cli, train_losses
+from helpers import PACKAGE, RECIPES, TINY, cli_env, free_port, recipe_args, run_cli, train_args, train_losses
 
-from {{ cookiecutter.package_name }}.config import parse_recipe
-from {{ cookiecutter.package_name }}.model import count_parameters
+from {{ cookiecutter.package_name }}.models import count_parameters
+from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 from {{ cookiecutter.package_name }}.sizing import torch_model_states
 
 pytestmark = pytest.mark.slow
@@ -28,8 +27,11 @@ STEPS = 4
 LAYOUTS: dict[str, tuple[list[str], int]] = {
     "ddp": (["--strategy.name", "ddp"], 1),  # 2 processes x 4
     "fsdp2": ([], 1),  # 2 processes x 4
-    "tp": (["--strategy.tensor_parallel_size", "2", "--train.micro_batch_size", "8"], 1),  # 1 data-parallel rank x 8
-    "fsdp2_tp": (["--devices", "4", "--strategy.tensor_parallel_size", "2"], 1),  # 2 (x 2 tensor parallel) x 4
+    "tp": (
+        ["--strategy.fsdp2.tensor_parallel_size", "2", "--train.micro_batch_size", "8"],
+        1,
+    ),  # 1 data-parallel rank x 8
+    "fsdp2_tp": (["--devices", "4", "--strategy.fsdp2.tensor_parallel_size", "2"], 1),  # 2 (x 2 tensor parallel) x 4
     "hsdp": (["--strategy.name", "hsdp", "--num_nodes", "2", "--train.micro_batch_size", "2"], 2),  # 2 nodes x 2 x 2
     "fsdp2_checkpointing_compile": (
         [
@@ -47,32 +49,10 @@ LAYOUTS: dict[str, tuple[list[str], int]] = {
 }
 
 
-def train_args(out_dir: Path, *overrides: str) -> list[str]:
-    return [
-        "train",
-        "--config",
-        str(RECIPES / "cpu-debug.yaml"),
-        *TINY,
-        "--out_dir",
-        str(out_dir),
-        "--logger.name",
-        "csv",
-        "--train.max_steps",
-        str(STEPS),
-        "--eval.every_steps",
-        "0",
-        "--checkpoint.save_every_steps",
-        "2",
-        "--checkpoint.resume",
-        "null",
-        *overrides,
-    ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+SHARED = [
+    "--train.max_steps", str(STEPS), "--eval.every_steps", "0", "--checkpoint.save_every_steps", "2",
+    "--checkpoint.resume", "null",
+]  # fmt: skip
 
 
 def run_nodes(args: list[str], nodes: int) -> None:
@@ -101,7 +81,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
         if name not in done:
             out_dir = tmp_path_factory.mktemp(name)
             overrides, nodes = LAYOUTS[name]
-            run_nodes(train_args(out_dir, *overrides), nodes)
+            run_nodes(train_args(out_dir, *SHARED, *overrides), nodes)
             done[name] = out_dir
         return done[name]
 
@@ -134,7 +114,7 @@ def test_fsdp2_with_tensor_parallel_resumes_to_the_losses_of_an_uninterrupted_ru
     uninterrupted = trained("fsdp2_tp")
     overrides, _ = LAYOUTS["fsdp2_tp"]
     checkpoint = uninterrupted / "checkpoints" / "step-00000002"
-    result = run_cli(*train_args(tmp_path, *overrides), "--checkpoint.resume", str(checkpoint))
+    result = run_cli(*train_args(tmp_path, *SHARED, *overrides), "--checkpoint.resume", str(checkpoint))
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"Resumed from {checkpoint} at step 2" in result.stdout
     expected = {step: loss for step, loss in train_losses(uninterrupted).items() if step > 2}
@@ -158,31 +138,21 @@ def test_meta_device_init_materialises_a_sharded_model_that_learns(trained: Call
 
 MEASURE = """
 import json, sys
-from functools import partial
 from pathlib import Path
 import torch, torch.nn.functional as F
-from {package}.cli import exit_process
-from {package}.config import parse_recipe
-from {package}.fabric_setup import build_fabric, build_model, setup_model_and_optimizer
-from {package}.parallel import local_training_state_bytes
-from {package}.train import build_optimizer
+from {package}.errors import exit_process
+from {package}.observe import local_training_state_bytes
+from {package}.recipe.load import parse_recipe
+from {package}.run import setup
 
-def measure(fabric, recipe):
-    fabric.seed_everything(recipe.train.seed)
-    make_optimizer = partial(build_optimizer, config=recipe.train)
-    model, optimizer, _ = setup_model_and_optimizer(fabric, build_model(fabric, recipe), recipe, make_optimizer)
-    tokens = torch.randint(0, recipe.model.vocab_size, (2, recipe.model.block_size))
-    fabric.backward(F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()))
-    optimizer.step()
-    return local_training_state_bytes(model, optimizer)
-
-
-recipe = parse_recipe(sys.argv[1:])
-fabric = build_fabric(recipe, [])
-fabric.launch()
+run = setup(parse_recipe(sys.argv[1:]))
+tokens = torch.randint(0, run.recipe.model.vocab_size, (2, run.recipe.model.block_size))
+run.fabric.backward(F.cross_entropy(run.model(tokens).flatten(0, 1), tokens.flatten()))
+run.optimizer.step()
+measured = local_training_state_bytes(run.model, run.optimizer)
 # One file per rank: two processes printing to one pipe at the same moment can interleave their lines.
-Path("{reports}", "rank-%d.json" % fabric.global_rank).write_text(json.dumps(measure(fabric, recipe)))
-fabric.barrier()
+Path("{reports}", "rank-%d.json" % run.fabric.global_rank).write_text(json.dumps(measured))
+run.fabric.barrier()
 exit_process(0)  # as the command line ends: leave the process group, skip interpreter teardown
 """
 
@@ -192,7 +162,15 @@ def training_state_bytes(strategy: str, tmp_path: Path) -> list[int]:
     script, reports = tmp_path / f"measure_{strategy}.py", tmp_path / f"reports_{strategy}"
     reports.mkdir()
     script.write_text(MEASURE.format(package=PACKAGE, reports=reports))
-    args = ["--config", str(RECIPES / "cpu-debug.yaml"), *TINY, "--strategy.name", strategy]
+    args = recipe_args(
+        tmp_path / f"run_{strategy}",
+        "--strategy.name",
+        strategy,
+        "--logger.name",
+        "none",
+        "--checkpoint.resume",
+        "null",
+    )
     result = subprocess.run(
         [sys.executable, str(script), *args], env=cli_env(), capture_output=True, text=True, timeout=600
     )

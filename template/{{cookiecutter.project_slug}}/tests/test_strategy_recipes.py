@@ -12,29 +12,31 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import RECIPES, run_cli
+from helpers import RECIPES, fail_with, run_cli
 from lightning.fabric.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from torch.distributed.fsdp import CPUOffload, ShardingStrategy
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, load_recipe, parse_recipe
-from {{ cookiecutter.package_name }}.fabric_setup import build_fabric, build_strategy, check_hardware, deepspeed_config
-from {{ cookiecutter.package_name }}.model import GPT, Block
-from {{ cookiecutter.package_name }}.parallel import prepare_blocks
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.models.gpt import GPT, Block
+from {{ cookiecutter.package_name }}.recipe.checks import check_hardware
+from {{ cookiecutter.package_name }}.recipe.load import load_recipe, parse_recipe
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.run import build_fabric
+from {{ cookiecutter.package_name }}.strategies import strategy_for
+from {{ cookiecutter.package_name }}.strategies.base import prepare_blocks
 
 
 def recipe(name: str, *overrides: str) -> Recipe:
     return parse_recipe(["--config", str(RECIPES / f"{name}.yaml"), *overrides])
 
 
-def fail_with(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """Run the CLI in-process, assert exit code 2 and a one-line error; return that line."""
-    with pytest.raises(SystemExit) as exited:
-        main(argv)
-    assert exited.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
-    return err
+def build_strategy(config: Recipe):
+    return strategy_for(config).fabric_strategy()
+
+
+def deepspeed_config(config: Recipe) -> dict:
+    return strategy_for(config).config_dict()
 
 
 @pytest.mark.parametrize(
@@ -146,12 +148,18 @@ def test_activation_checkpointing_wraps_every_kth_block_and_keeps_parameter_name
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["--strategy.tensor_parallel_size", "3"], "strategy.tensor_parallel_size=3 does not divide devices=2"),
+        (
+            ["--strategy.fsdp2.tensor_parallel_size", "3"],
+            "strategy.fsdp2.tensor_parallel_size=3 does not divide devices=2",
+        ),
         (["--strategy.name", "hsdp"], "strategy.name=hsdp needs num_nodes >= 2"),
         (["--strategy.name", "deepspeed"], "strategy.name=deepspeed needs CUDA GPUs"),
         (["--strategy.name", "fsdp"], "strategy.name=fsdp needs CUDA GPUs"),
-        (["--strategy.float8", "true"], "strategy.float8=true needs GPUs"),
-        (["--strategy.name", "ddp", "--strategy.tensor_parallel_size", "2"], "applies only to strategy.name=fsdp2"),
+        (["--strategy.fsdp2.float8", "true"], "strategy.fsdp2.float8=true needs GPUs"),
+        (
+            ["--strategy.name", "ddp", "--strategy.fsdp2.tensor_parallel_size", "2"],
+            "applies only to strategy.name=fsdp2",
+        ),
         (["--strategy.name", "ddp", "--strategy.meta_init", "true"], "strategy.meta_init=True applies only"),
     ],
 )
@@ -167,17 +175,20 @@ def test_impossible_combinations_on_cpu_are_one_line_exit_2(
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["--strategy.offload_optimizer", "nvme", "--strategy.nvme_path", "null"], "needs strategy.nvme_path"),
         (
-            ["--strategy.deepspeed_stage", "2", "--strategy.offload_parameters", "cpu"],
-            "needs strategy.deepspeed_stage=3",
+            ["--strategy.deepspeed.offload_optimizer", "nvme", "--strategy.deepspeed.nvme_path", "null"],
+            "needs strategy.deepspeed.nvme_path",
         ),
         (
-            ["--strategy.deepspeed_stage", "2", "--strategy.offload_optimizer", "nvme"],
-            "needs strategy.deepspeed_stage=3",
+            ["--strategy.deepspeed.stage", "2", "--strategy.deepspeed.offload_parameters", "cpu"],
+            "needs strategy.deepspeed.stage=3",
         ),
-        (["--strategy.deepspeed_stage", "4"], "strategy.deepspeed_stage"),
-        (["--strategy.offload_optimizer", "disk"], "strategy.offload_optimizer"),
+        (
+            ["--strategy.deepspeed.stage", "2", "--strategy.deepspeed.offload_optimizer", "nvme"],
+            "needs strategy.deepspeed.stage=3",
+        ),
+        (["--strategy.deepspeed.stage", "4"], "strategy.deepspeed.stage"),
+        (["--strategy.deepspeed.offload_optimizer", "disk"], "strategy.deepspeed.offload_optimizer"),
     ],
 )
 def test_deepspeed_offload_mistakes_name_the_field(
@@ -188,13 +199,13 @@ def test_deepspeed_offload_mistakes_name_the_field(
 
 
 def test_meta_init_under_deepspeed_needs_stage_3() -> None:
-    with pytest.raises(RecipeError, match=r"strategy\.meta_init=true needs strategy\.deepspeed_stage=3"):
+    with pytest.raises(RecipeError, match=r"strategy\.meta_init=true needs strategy\.deepspeed\.stage=3"):
         recipe("deepspeed-zero2-node", "--strategy.meta_init", "true")
     assert recipe("deepspeed-zero3-offload-node", "--strategy.meta_init", "true").strategy.meta_init
 
 
 def test_hybrid_shard_on_one_node_and_tensor_parallel_over_heads_are_refused() -> None:
-    with pytest.raises(RecipeError, match=r"strategy\.fsdp_sharding=HYBRID_SHARD needs num_nodes >= 2"):
+    with pytest.raises(RecipeError, match=r"strategy\.fsdp\.sharding=HYBRID_SHARD needs num_nodes >= 2"):
         recipe("fsdp1-hybrid-multinode", "--num_nodes", "1")
     with pytest.raises(RecipeError, match=r"tensor_parallel_size=8 does not divide model\.n_head=12"):
         recipe("fsdp2-tp-multinode", "--model.n_head", "12", "--model.n_embd", "768")
@@ -204,19 +215,19 @@ def test_hybrid_shard_on_one_node_and_tensor_parallel_over_heads_are_refused() -
 def test_gpu_only_strategy_with_auto_accelerator_is_refused_where_auto_means_cpu(name: str) -> None:
     config = recipe(name, "--accelerator", "auto", "--devices", "2", "--strategy.process_group_backend", "null")
     with pytest.raises(RecipeError, match=f"strategy.name={config.strategy.name} needs CUDA GPUs and this machine"):
-        check_hardware(config, "cpu", None)
+        check_hardware(config, "cpu", None, found=True)
     if not torch.cuda.is_available():  # on this machine auto is cpu: the same line, before anything launches
         with pytest.raises(RecipeError, match="needs CUDA GPUs and this machine has none"):
-            build_fabric(config, [])
+            build_fabric(config, strategy_for(config), [])
 
 
 def test_gpu_checks_refuse_bf16_and_float8_on_gpus_without_them() -> None:
     with pytest.raises(RecipeError, match=r"precision=bf16-mixed needs a GPU with bf16 .* this GPU has 7.0"):
         check_hardware(recipe("fsdp2-node"), "cuda", (7, 0))
-    with pytest.raises(RecipeError, match=r"strategy.float8=true needs compute capability 8.9\+ .* has 8.0"):
+    with pytest.raises(RecipeError, match=r"strategy.fsdp2.float8=true needs compute capability 8.9\+ .* has 8.0"):
         check_hardware(recipe("fsdp2-float8-node"), "cuda", (8, 0))
     if importlib.util.find_spec("torchao") is None:  # an H100 is accepted once torchao is installed
-        with pytest.raises(RecipeError, match=r"strategy\.float8=true needs torchao: pip install torchao"):
+        with pytest.raises(RecipeError, match=r"strategy\.fsdp2\.float8=true needs torchao: pip install torchao"):
             check_hardware(recipe("fsdp2-float8-node"), "cuda", (9, 0))
     else:
         check_hardware(recipe("fsdp2-float8-node"), "cuda", (9, 0))

@@ -6,36 +6,22 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES, TINY, read_csv_metrics, run_cli, train_losses
+from helpers import read_csv_metrics, run_cli, train_args, train_losses
 
 pytestmark = pytest.mark.slow
 
 
-def train_args(out_dir: Path, strategy: str, max_steps: int, logger: str = "csv") -> list[str]:
+def overrides(strategy: str, max_steps: int) -> list[str]:
     return [
-        "train",
-        "--config",
-        str(RECIPES / "cpu-debug.yaml"),
-        *TINY,
-        "--strategy.name",
-        strategy,
-        "--out_dir",
-        str(out_dir),
-        "--logger.name",
-        logger,
-        "--train.max_steps",
-        str(max_steps),
-        "--checkpoint.save_every_steps",
-        "15",
-        "--eval.every_steps",
-        "15",
-    ]
+        "--strategy.name", strategy, "--train.max_steps", str(max_steps),
+        "--checkpoint.save_every_steps", "15", "--eval.every_steps", "15",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
 def test_two_processes_learn_save_and_resume_from_the_saved_step(strategy: str, tmp_path: Path) -> None:
     out_dir = tmp_path / strategy
-    first = run_cli(*train_args(out_dir, strategy, max_steps=30))
+    first = run_cli(*train_args(out_dir, *overrides(strategy, 30)))
     assert first.returncode == 0, first.stderr[-3000:]
 
     losses = train_losses(out_dir)
@@ -53,7 +39,7 @@ def test_two_processes_learn_save_and_resume_from_the_saved_step(strategy: str, 
         assert (checkpoint / "state").is_file()
     assert not list((out_dir / "checkpoints").glob("*.partial"))
 
-    second = run_cli(*train_args(out_dir, strategy, max_steps=40))
+    second = run_cli(*train_args(out_dir, *overrides(strategy, 40)))
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"Resumed from {checkpoint} at step 30" in second.stdout
     resumed_rows = [row for row in read_csv_metrics(out_dir) if row.get("train/loss")][30:]

@@ -26,9 +26,11 @@ import numpy as np
 import torch
 from lightning.fabric import Fabric
 
-from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, dump_recipe
+from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.faults import fault_point
-from {{ cookiecutter.package_name }}.strategy_config import MODEL_PARALLEL
+from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.strategies import strategy_class
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 META_FILE = "meta.json"
@@ -256,9 +258,11 @@ def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any], recipe: R
     """Restore `state` in place from a checkpoint folder, including this rank's RNG states."""
     meta = read_meta(path)
     stateful = {key: value for key, value in state.items() if hasattr(value, "load_state_dict")}
-    saved_by, resumed_by = meta["strategy"], recipe.strategy.name
-    replicated_to_sharded = saved_by == "ddp" and resumed_by in MODEL_PARALLEL
-    if replicated_to_sharded or (saved_by in MODEL_PARALLEL and resumed_by == "ddp"):
+    layouts = {
+        strategy_class(meta["strategy"]).checkpoint_layout,
+        strategy_class(recipe.strategy.name).checkpoint_layout,
+    }
+    if layouts == {"replicated", "sharded"}:  # ddp <-> fsdp2/hsdp
         _load_across_layouts(path, state)
     else:  # the same kind of strategy (also FSDP2 on another number of processes: DCP reshards)
         fabric.load(path / "state", state, weights_only=True)
@@ -302,8 +306,8 @@ def _load_across_layouts(path: Path, state: dict[str, Any]) -> None:
     set_model_state_dict(model, full.pop("model"), options=options)
     saved = full.pop("optimizer")
     if saved["state"] and isinstance(next(iter(saved["state"])), int):  # a plain optimizer's ids -> names
-        current_groups = get_optimizer_state_dict(model, optimizer, options=options)["param_groups"]
-        names = {}
+        current_groups: Any = get_optimizer_state_dict(model, optimizer, options=options)["param_groups"]
+        names: dict[int, str] = {}
         for saved_group, current_group in zip(saved["param_groups"], current_groups, strict=True):
             names.update(zip(saved_group["params"], current_group["params"], strict=True))
         saved = {

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from {{ cookiecutter.package_name }}.config import DataConfig, RecipeError
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.recipe.schema import DataConfig
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -1,4 +1,23 @@
-"""The exceptions a user sees: a recipe that cannot run, and a run that stopped on purpose."""
+"""The errors a user sees, every exit code the project uses, and how a command turns them into an exit.
+
+Nothing here imports torch: the command line refuses bad input before torch is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Exit codes of every command; launchers and scripts/slurm/train.sbatch act on them."""
+
+    OK = 0
+    USAGE = 2  # a recipe, flag, path or checkpoint that cannot run: one line on stderr, nothing written
+    NONFINITE_LOSS = 3  # train.on_nonfinite_loss=stop: the loss was NaN or infinite on some rank
+    REQUEUE = 75  # EX_TEMPFAIL from sysexits.h: preempted, checkpoint saved, run again (SLURM requeue)
 
 
 class RecipeError(ValueError):
@@ -6,8 +25,48 @@ class RecipeError(ValueError):
 
 
 class TrainingStopped(Exception):
-    """Training stopped before max_steps on purpose (preempted, or a non-finite loss); the message is one line."""
+    """Training stopped before max_steps on purpose (preempted, or a non-finite loss); the message is one line.
 
-    def __init__(self, message: str, exit_code: int) -> None:
+    `report` is true on the one process that prints it (rank 0); every rank stops for the same reason.
+    """
+
+    def __init__(self, message: str, exit_code: ExitCode, report: bool = True) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.report = report
+
+
+def run_command(command: Callable[[], None]) -> None:
+    """Run a command and end the process: user errors become one line and exit code 2, planned stops their code."""
+    code = ExitCode.OK
+    try:
+        command()
+    except RecipeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        code = ExitCode.USAGE
+    except TrainingStopped as stopped:  # preempted (exit 75: requeued) or a non-finite loss (exit 3)
+        if stopped.report:
+            print(f"stopped: {stopped}", file=sys.stderr, flush=True)
+        code = stopped.exit_code
+    except BrokenPipeError:  # `<project> recipes list | head -1`: the reader has gone, which is not an error
+        # Point stdout at /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    exit_process(int(code))
+
+
+def exit_process(code: int) -> None:
+    """End with exit code `code`; a process that joined a process group leaves it and skips interpreter teardown.
+
+    Gloo's worker threads can still be releasing the last collective's tensors while the interpreter
+    tears down; the thread then cannot take the GIL and the process aborts ("terminate called without
+    an active exception", SIGABRT), replacing the exit code (3, 75) that launchers and the SLURM
+    script act on. By now checkpoints are written and loggers finished, so only streams need flushing.
+    """
+    distributed = sys.modules.get("torch.distributed")  # imported only if this process trained
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if code:
+        sys.exit(code)

@@ -17,7 +17,8 @@ import torch.distributed as dist
 from lightning.fabric import Fabric
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
-from {{ cookiecutter.package_name }}.config import Recipe, RecipeError
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 
 # `fabric run` exports its flags as LT_* variables for Fabric(...) to compare with its own arguments.
 FABRIC_RUN_FLAGS = ("devices", "num_nodes", "accelerator", "strategy", "precision")

@@ -15,6 +15,7 @@ terminal, one plain line per interval in a cluster log).
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import netrc
 import os
@@ -25,7 +26,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import TextIO, TypeVar
+from typing import TextIO, TypeVar, cast
 
 import torch
 from lightning.fabric import Fabric
@@ -33,7 +34,10 @@ from lightning.fabric.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from tqdm import tqdm
 
-from {{ cookiecutter.package_name }}.config import Recipe, dump_recipe
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.hardware import peak_tflops
+from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 
 try:
     import resource
@@ -41,64 +45,6 @@ except ImportError:  # not on Windows: host memory is then not reported
     resource = None  # type: ignore[assignment]
 
 Item = TypeVar("Item")
-
-# Dense peak tensor TFLOP/s of one GPU, from NVIDIA's datasheets (which quote tensor figures "with
-# sparsity", twice these). Lightning has a table too (`lightning.fabric.utilities.throughput._CUDA_FLOPS`),
-# not used here: it lists the H200 and H100 NVL at their sparse peaks (2000 and 1979 bf16), under keys
-# ("h200 sxm1") that the names torch reports ("NVIDIA H200") never match. fp32 is the non-tensor
-# rate; tf32 applies to 32-true when torch.backends.cuda.matmul.allow_tf32 is on.
-PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "B200": {"bf16": 2250.0, "fp16": 2250.0},
-    "GH200": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 67.0},
-    "H200 SXM": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 67.0},
-    "H200 NVL": {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0},
-    "H100 SXM": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 67.0},
-    "H100 NVL": {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0},
-    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},
-    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
-    "L40S": {"bf16": 362.05, "fp16": 362.05, "tf32": 183.0, "fp32": 91.6},
-    "L40": {"bf16": 181.05, "fp16": 181.05, "tf32": 90.5, "fp32": 90.5},
-    "L4": {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},
-    "A10": {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2},
-    "RTX A6000": {"bf16": 154.8, "fp16": 154.8, "tf32": 77.4, "fp32": 38.7},
-    "V100 SXM": {"fp16": 125.0, "fp32": 15.7},
-    "V100 PCIe": {"fp16": 112.0, "fp32": 14.0},
-}
-# (word in the device name, second word or None, table row): the first match wins, so variants first.
-GPU_NAME_RULES = [
-    ("GH200", None, "GH200"),
-    ("H200", "NVL", "H200 NVL"),
-    ("H200", None, "H200 SXM"),
-    ("H100", "NVL", "H100 NVL"),
-    ("H100", "PCIE", "H100 PCIe"),
-    ("H100", None, "H100 SXM"),
-    ("B200", None, "B200"),
-    ("A100", None, "A100"),
-    ("L40S", None, "L40S"),
-    ("L40", None, "L40"),
-    ("L4", None, "L4"),
-    ("A10", None, "A10"),
-    ("A6000", None, "RTX A6000"),
-    ("V100", "PCIE", "V100 PCIe"),
-    ("V100", None, "V100 SXM"),
-]
-PRECISION_COLUMN = {"bf16-mixed": "bf16", "bf16-true": "bf16", "16-mixed": "fp16", "16-true": "fp16"}
-
-
-def gpu_model(device_name: str) -> str | None:
-    """The row of PEAK_TFLOPS for a name as `torch.cuda.get_device_name` reports it, e.g. 'NVIDIA H200'."""
-    words = set(device_name.upper().replace("-", " ").split())
-    for word, variant, row in GPU_NAME_RULES:
-        if word in words and (variant is None or variant in words):
-            return row
-    return None
-
-
-def peak_tflops(device_name: str, precision: str, tf32: bool = False) -> float | None:
-    """Dense peak TFLOP/s of one GPU at a recipe precision; None when the GPU or the precision is not in the table."""
-    row = gpu_model(device_name)
-    column = PRECISION_COLUMN.get(precision, "tf32" if tf32 else "fp32")
-    return PEAK_TFLOPS[row].get(column) if row else None
 
 
 def model_flops_utilization(flops_per_token: float, tokens_per_second_per_device: float, peak: float) -> float:
@@ -133,8 +79,17 @@ def build_loggers(recipe: Recipe, run_id: str) -> list[Logger]:
     appends to the run it continues (W&B's resume="allow").
     """
     out_dir, config = Path(recipe.out_dir), recipe.logger
+    if config.name in ("wandb", "tensorboard") and importlib.util.find_spec(config.name) is None:
+        raise RecipeError(
+            f"logger.name={config.name} needs the {config.name} package:"
+            f' pip install "{{ cookiecutter.project_slug }}[{config.name}]" (or choose another logger.name)'
+        )
     if config.name == "wandb":
-        from wandb.integration.lightning.fabric import WandbLogger
+        # Lightning's own W&B logger works with Fabric (a Fabric logger underneath). It opens the run
+        # with resume="allow" and logs the step as the metric trainer/global_step, the x-axis of every
+        # chart, so a resumed run continues its curves. mode= rather than its offline= flag, which
+        # would set WANDB_MODE for the whole process.
+        from lightning.pytorch.loggers import WandbLogger
 
         return [
             WandbLogger(
@@ -145,7 +100,7 @@ def build_loggers(recipe: Recipe, run_id: str) -> list[Logger]:
                 tags=config.tags or None,
                 id=run_id,
                 save_dir=str(out_dir),
-                offline=wandb_offline(),
+                mode="offline" if wandb_offline() else "online",
             )
         ]
     if config.name == "tensorboard":
@@ -161,7 +116,7 @@ def logger_location(recipe: Recipe, loggers: list[Logger]) -> str:
     if not loggers:
         return "no experiment logger (logger.name=none)"
     if recipe.logger.name == "wandb":
-        experiment = loggers[0].experiment
+        experiment = loggers[0].experiment  # type: ignore[attr-defined]  # a WandbLogger
         offline = experiment.settings.mode in ("offline", "dryrun")
         mode = "offline; upload later with `wandb sync`" if offline else "online"
         return f"W&B run {experiment.id} ({mode}): {Path(experiment.dir).parent}"
@@ -172,7 +127,7 @@ def log_config(loggers: list[Logger], recipe: Recipe) -> None:
     """Record the resolved recipe once with every logger (rank 0 only)."""
     for logger in loggers:
         if isinstance(logger, CSVLogger):  # Fabric's CSVLogger has no hyperparameter support
-            if rank_zero_only.rank == 0:
+            if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by Lightning at import
                 _ = logger.experiment  # creates log_dir; writing into it first would make it warn
                 (Path(logger.log_dir) / "config.yaml").write_text(dump_recipe(recipe))
         else:
@@ -279,7 +234,7 @@ class Monitor:
             if self.peak is None:
                 self.progress.write(
                     f"MFU not reported: no dense peak for {device_name!r} at precision {recipe.precision} in"
-                    " observe.PEAK_TFLOPS; set logger.peak_tflops to report it"
+                    " hardware.GPUS; set logger.peak_tflops to report it"
                 )
         self._start_window(start_step)
 
@@ -316,9 +271,12 @@ class Monitor:
         seconds = max(time.perf_counter() - self._window_start - self._excluded_seconds, 1e-9)
         # One collective for what is worst on any rank: memory and data wait (loss is averaged below).
         local = {**memory_gib(self.fabric.device), "time/data_wait_seconds": self._data_wait_seconds / max(steps, 1)}
-        worst = self.fabric.all_reduce(torch.tensor(list(local.values()), device=self.fabric.device), reduce_op="max")
+        worst = cast(
+            torch.Tensor,
+            self.fabric.all_reduce(torch.tensor(list(local.values()), device=self.fabric.device), reduce_op="max"),
+        )
         metrics: dict[str, float] = {
-            "train/loss": self.fabric.all_reduce(loss.detach(), reduce_op="mean").item(),
+            "train/loss": cast(torch.Tensor, self.fabric.all_reduce(loss.detach(), reduce_op="mean")).item(),
             "train/lr": learning_rate,
             "train/tokens_seen": float(tokens_seen),
             "train/epoch": float(epoch),
@@ -351,6 +309,14 @@ class Monitor:
             metrics["throughput/mfu"] = model_flops_utilization(self.flops_per_token, per_device, self.peak)
         return metrics
 
+    def log_skipped_update(self, step: int, skipped_updates: int) -> None:
+        """Say that every rank skipped this step's update (a non-finite loss under on_nonfinite_loss=skip)."""
+        self.progress.write(
+            f"Skipped the update of step {step}: loss is NaN or infinite on some rank"
+            f" (train.on_nonfinite_loss=skip; {skipped_updates} skipped so far)"
+        )
+        self.fabric.log_dict({"train/skipped_updates": float(skipped_updates)}, step=step)
+
     def log_validation(self, step: int, loss: float, seconds: float) -> None:
         """Log and show a validation result; its time does not count against throughput."""
         self._excluded_seconds += seconds
@@ -371,3 +337,20 @@ class Monitor:
     def close(self) -> None:
         """End the progress display."""
         self.progress.close()
+
+
+def local_training_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state this process holds (its local shards)."""
+    from torch.distributed.tensor import DTensor
+
+    def size(tensor: torch.Tensor) -> int:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        return local.numel() * local.element_size()
+
+    params = list(model.parameters())
+    state = [value for values in optimizer.state.values() for value in values.values() if torch.is_tensor(value)]
+    return {
+        "parameters": sum(size(p) for p in params),
+        "gradients": sum(size(p.grad) for p in params if p.grad is not None),
+        "optimizer": sum(size(value) for value in state),
+    }

@@ -1,23 +1,17 @@
 """`plan`: the memory, communication and step time of every strategy for a model on a cluster, and the one to pick.
 
 Torch-free: the numbers come from `sizing` (the ZeRO paper's model states, Korthikanti et al.'s
-activations, this project's own model and runtimes) and `hardware` (GPU memory, peak FLOP/s, links).
+activations, this project's own model), `hardware` (GPU memory, peak FLOP/s, links) and the strategy
+families (strategies/*.py `plan_options`): each declares its candidates (ZeRO stage, tensor parallel,
+offload, communication, library recipes, the reason it is chosen), the bytes its runtime adds, and the
+`strategy:` section that selects it. This module knows no strategy by name.
 
 Per device, each candidate holds:
 
     model states  the ZeRO paper's figure for its stage over its data-parallel ranks (offload: none on the GPU)
-    runtime extra what the runtime adds to the paper (each term below), so the paper column can be checked
-                  against the paper and paper + extra against a measured run:
-      ddp            DDP's gradient buckets, a second copy of the gradients (Fabric's DDP keeps
-                     gradient_as_bucket_view off)
-      fsdp2, hsdp,   the gathered layer (current and prefetched) in the parameters' dtype, fp32 under
-      fsdp2_tpN      bf16-mixed (autocast, no MixedPrecisionPolicy), its unsharded gradient before the
-                     reduce-scatter, and the root (embeddings, head), kept gathered for the whole step
-      zero1          DeepSpeed's bf16 optimizer accumulates gradients in fp32 for the whole model
-      zero2, zero3,  an fp32 copy of the rank's gradient partition (bf16 runs)
-      offload
-      zero1, zero2   overlap_comm's buckets: 4.5 x (reduce + all-gather bucket, 5e8 elements each)
-      zero3, offload two gathered layers in bf16 (current and prefetched) and the reduce bucket
+    runtime extra what the runtime adds to the paper (each family's `plan_runtime_terms`: gradient buckets,
+                  gathered layers, fp32 gradient copies), so the paper column can be checked against the
+                  paper and paper + extra against a measured run
     activations   with and without checkpointing; the total uses checkpointing only where it is needed
 
 Communication per micro-batch step relative to ddp's gradient all-reduce (2 x parameters): 1x for ddp
@@ -32,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from {{ cookiecutter.package_name }}.hardware import NVME_GB_S, PCIE_GB_S, Gpu
+from {{ cookiecutter.package_name }}.hardware import NVME_GB_S, PCIE_GB_S
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.sizing import (
     MIXED,
     Activations,
@@ -43,41 +38,57 @@ from {{ cookiecutter.package_name }}.sizing import (
     gpt_shape,
     layer_activations,
     layer_parameters,
-    torch_model_states,
     training_flops_per_token,
     zero_model_states,
 )
+from {{ cookiecutter.package_name }}.strategies import REGISTRY, PlanOption, TrainingStrategy
+from {{ cookiecutter.package_name }}.strategies.base import PlanSizes
 
 GIB, GB = 2**30, 1e9
-DEEPSPEED_BUCKET = 500_000_000  # DeepSpeed's default reduce / all-gather bucket, in elements
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One strategy the plan weighs."""
+    """One strategy the plan weighs: an option a strategy family declared, and that family."""
+
+    strategy: TrainingStrategy
+    option: PlanOption
+
+    @property
+    def name(self) -> str:
+        return self.option.name
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.option.tensor_parallel
+
+
+def cost(candidate: Candidate) -> tuple[int, int, float, int, bool]:
+    """Cheaper first: no host or NVMe traffic, then no tensor parallel (its all-reduces sit on the critical path),
+    then less data-parallel communication (1x before 1.5x), a lower ZeRO stage, and hsdp before full sharding,
+    since only a shard of the gradients crosses the nodes. Ties keep the registry's order (fsdp2 before zero3)."""
+    option = candidate.option
+    return (
+        ("none", "cpu", "nvme").index(option.offload),
+        option.tensor_parallel,
+        option.comm_vs_ddp,
+        option.stage,
+        not option.hybrid,
+    )
+
+
+STRATEGIES = [family(Recipe()) for family in REGISTRY.values()]  # their plan options need no recipe of their own
+CANDIDATES = tuple(sorted((Candidate(s, option) for s in STRATEGIES for option in s.plan_options()), key=cost))
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device as the plan assumes it."""
 
     name: str
-    family: str  # ddp | deepspeed | fsdp2 | hsdp
-    stage: int  # the ZeRO stage its model states follow (ddp 0, fully_shard 3)
-    tensor_parallel: int = 1
-    offload: str = "none"  # none | cpu | nvme
-
-
-# In order of cost: communication volume (1x, 1.5x, then tensor parallel's per-layer all-reduces), then
-# host or NVMe traffic; hsdp before fsdp2 since only a shard of the gradients crosses the nodes.
-CANDIDATES = (
-    Candidate("ddp", "ddp", 0),
-    Candidate("zero1", "deepspeed", 1),
-    Candidate("zero2", "deepspeed", 2),
-    Candidate("hsdp", "hsdp", 3),
-    Candidate("fsdp2", "fsdp2", 3),
-    Candidate("zero3", "deepspeed", 3),
-    Candidate("fsdp2_tp2", "fsdp2", 3, 2),
-    Candidate("fsdp2_tp4", "fsdp2", 3, 4),
-    Candidate("fsdp2_tp8", "fsdp2", 3, 8),
-    Candidate("zero3_offload", "deepspeed", 3, offload="cpu"),
-    Candidate("zero3_nvme", "deepspeed", 3, offload="nvme"),
-)
+    memory_bytes: int
+    peak_tflops: float | None  # dense, at the plan's precision; None: no step-time bound
+    intra_node_gb_s: float
 
 
 @dataclass(frozen=True)
@@ -91,7 +102,7 @@ class Inputs:
     num_nodes: int
     micro_batch: int
     grad_accum: int
-    gpu: Gpu
+    gpu: Device
     inter_node_gb_s: float
     margin: float = 0.1
     cpu: bool = False
@@ -142,7 +153,7 @@ class Plan:
 def plan_inputs(
     recipe: Any,
     parameters: int,
-    gpu: Gpu,
+    gpu: Device,
     inter_node_gb_s: float,
     margin: float,
     host_memory_bytes: float | None = None,
@@ -166,11 +177,11 @@ def plan_inputs(
 
 def unavailable(candidate: Candidate, inputs: Inputs) -> str | None:
     """Why a candidate cannot run the layout (the recipe checks would refuse it), or None."""
-    t, shape = candidate.tensor_parallel, inputs.shape
-    if candidate.family == "deepspeed" and inputs.cpu:
-        return "DeepSpeed runs on GPUs only"
-    if candidate.family == "hsdp" and inputs.num_nodes < 2:
-        return "hsdp needs num_nodes >= 2"
+    option, shape, t = candidate.option, inputs.shape, candidate.tensor_parallel
+    if inputs.cpu and not option.runs_on_cpu:
+        return f"{option.name} runs on GPUs only"
+    if option.hybrid and inputs.num_nodes < 2:
+        return f"{option.name} needs num_nodes >= 2"
     if t > 1 and (inputs.devices % t or shape.n_head % t or shape.n_kv_head % t):
         return f"tensor parallel {t} must divide devices={inputs.devices} and the heads"
     return None
@@ -178,51 +189,31 @@ def unavailable(candidate: Candidate, inputs: Inputs) -> str | None:
 
 def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate:
     """Bytes, communication and step time of one candidate at one micro-batch size."""
-    shape, precision, t = inputs.shape, inputs.precision, candidate.tensor_parallel
+    shape, precision, option, t = inputs.shape, inputs.precision, candidate.option, candidate.tensor_parallel
     scale = inputs.parameters / count_parameters(shape)  # a bare --parameters count on a reference shape
     local = count_parameters(shape, t) * scale  # parameters on one tensor-parallel rank
     layer = layer_parameters(shape, t) * scale
-    data_parallel = max(1, (inputs.devices if candidate.family == "hsdp" else inputs.world_size) // t)
-    deepspeed = candidate.family == "deepspeed"
-    paper = zero_model_states(local, precision, candidate.stage, data_parallel)
-    mixed = precision in MIXED
-    terms: list[tuple[str, float]] = []
-    if candidate.family == "ddp":
-        terms.append(("DDP gradient buckets", torch_model_states(local, precision, 0, 1).gradients))
-    elif not deepspeed:
-        weight = torch_model_states(1, precision, 0, 1).parameters
-        root = local - shape.n_layer * layer
-        terms += [
-            ("gathered layer, current and prefetched", 2 * weight * layer),
-            ("its unsharded gradient", weight * layer),
-            ("root (embeddings, head) gathered for the step", weight * root * (1 - 1 / data_parallel)),
-        ]
-    else:
-        grad = 4 if precision == "32-true" else 2  # DeepSpeed keeps 16-bit parameters and gradients
-        if mixed and candidate.stage == 1:
-            terms.append(("fp32 gradient accumulation (bf16 optimizer)", 4 * local))
-        elif mixed and candidate.offload == "none":  # offloaded: the partition lives with the optimizer
-            terms.append(("fp32 gradient partition", 4 * local / data_parallel))
-        if candidate.stage < 3:
-            terms.append(("overlap_comm buckets", 4.5 * 2 * min(DEEPSPEED_BUCKET, local) * grad))
-        else:
-            terms += [("gathered layers, current and prefetched", 2 * grad * layer)]
-            terms += [("reduce bucket", min(DEEPSPEED_BUCKET, local) * grad)]
+    data_parallel = max(1, (inputs.devices if option.hybrid else inputs.world_size) // t)
+    paper = zero_model_states(local, precision, option.stage, data_parallel)
+    sizes = PlanSizes(local, layer, local - shape.n_layer * layer, precision, data_parallel)
+    extra = candidate.strategy.plan_runtime_terms(option, sizes)
     offloaded = 0.0
-    if candidate.offload != "none":
-        offloaded = (paper.total + (4 * local / data_parallel if mixed else 0)) * inputs.devices
+    if option.offload != "none":  # the states (and what lives with the optimizer) leave the GPU, per node
+        offloaded = (paper.total + sum(term.bytes for term in extra if term.with_optimizer)) * inputs.devices
         paper = States(0.0, 0.0, 0.0)
-    act_precision = "bf16-true" if deepspeed and mixed else precision  # DeepSpeed runs the module in bf16
-    acts = activations(shape, micro_batch, act_precision, t)
+        extra = [term for term in extra if not term.with_optimizer]
+    terms = tuple((term.label, term.bytes) for term in extra)
+    sixteen_bit = option.sixteen_bit_module and precision in MIXED
+    acts = activations(shape, micro_batch, "bf16-true" if sixteen_bit else precision, t)
     base = paper.total + sum(value for _, value in terms)
     checkpointing = base + acts.held > inputs.budget
     total = base + (acts.checkpointed_peak if checkpointing else acts.held)
     why_not = unavailable(candidate, inputs)
     fits = why_not is None and total <= inputs.budget
-    if candidate.offload == "cpu" and inputs.host_memory_bytes is not None:
+    if option.offload == "cpu" and inputs.host_memory_bytes is not None:
         fits = fits and offloaded <= inputs.host_memory_bytes
     comm, seconds = communication(candidate, inputs, micro_batch, local, data_parallel, checkpointing)
-    return Estimate(candidate, why_not, paper, offloaded, tuple(terms), acts, checkpointing, total, fits, comm, seconds)
+    return Estimate(candidate, why_not, paper, offloaded, terms, acts, checkpointing, total, fits, comm, seconds)
 
 
 def communication(
@@ -235,37 +226,39 @@ def communication(
     Sharded parameters are gathered again for every micro-batch; the gradients of ddp and ZeRO 1-2
     are reduced once per step.
     """
-    shape, t, p = inputs.shape, candidate.tensor_parallel, inputs.parameters
+    shape, option, t, p = inputs.shape, candidate.option, candidate.tensor_parallel, inputs.parameters
 
     def elements(micro_batches: int) -> tuple[float, float]:
         tokens = shape.sequence_length * micro_batch * micro_batches
         tensor = 8 * shape.n_layer * tokens * shape.n_embd * (t - 1) / t  # 4 all-reduces per layer
-        data = 2 * local if candidate.stage < 3 else 3 * local * micro_batches
+        # Unsharded parameters: the gradients are reduced once per step; sharded: gathered for every micro-batch.
+        data = option.comm_vs_ddp * 2 * local * (micro_batches if option.stage == 3 else 1)
         return data, tensor
 
     data, tensor = elements(t)
-    across_nodes = 2 * local / inputs.devices if candidate.family == "hsdp" else 0.0  # the replicas' all-reduce
+    across_nodes = 2 * local / inputs.devices if option.hybrid else 0.0  # the replicas' all-reduce
     ratio = (data + across_nodes + tensor) / (2 * p)  # one micro-batch per device, as in the ZeRO paper
     if inputs.cpu:
         return ratio, None
     data, tensor = elements(inputs.grad_accum * t)
-    collective_bytes = 4 if inputs.precision == "32-true" or candidate.family != "deepspeed" else 2
-    if inputs.precision in ("bf16-true", "16-true"):
-        collective_bytes = 2
+    sixteen_bit = option.sixteen_bit_module and inputs.precision in MIXED
+    collective_bytes = 2 if sixteen_bit or inputs.precision in ("bf16-true", "16-true") else 4
+    if inputs.gpu.peak_tflops is None:
+        return ratio, None
     tokens = shape.sequence_length * micro_batch * inputs.grad_accum
     flops = training_flops_per_token(shape) * (p / count_parameters(shape)) * tokens
-    compute = flops * (4 / 3 if checkpointing else 1) / (inputs.gpu.peak_tflops(inputs.precision) * 1e12)
+    compute = flops * (4 / 3 if checkpointing else 1) / (inputs.gpu.peak_tflops * 1e12)
     intra = inputs.gpu.intra_node_gb_s * GB
     across = min(intra, inputs.inter_node_gb_s * GB / inputs.devices) if inputs.num_nodes > 1 else intra
-    if candidate.family == "hsdp":  # the replicas all-reduce their shard across nodes once per step
+    if option.hybrid:  # the replicas all-reduce their shard across nodes once per step
         network = data * collective_bytes / intra + across_nodes * collective_bytes / across
     else:
         network = data * collective_bytes / across if data_parallel > 1 else 0.0
     host = 0.0
     micro_batches = inputs.grad_accum * t
-    if candidate.offload == "cpu":  # parameters in twice per micro-batch (forward, backward), gradients out
+    if option.offload == "cpu":  # parameters in twice per micro-batch (forward, backward), gradients out
         host = (2 * micro_batches + 1) * 2 * local / data_parallel / (PCIE_GB_S * GB)
-    elif candidate.offload == "nvme":  # the node's drive reads and writes every rank's 16 bytes per parameter
+    elif option.offload == "nvme":  # the node's drive reads and writes every rank's 16 bytes per parameter
         host = 2 * 16 * local / data_parallel * inputs.devices / (NVME_GB_S * GB)
     activation_bytes = 4 if inputs.precision == "32-true" else 2
     return ratio, max(compute, network, host) + tensor * activation_bytes / intra
@@ -290,38 +283,26 @@ def plan(inputs: Inputs) -> Plan:
     best = min(fitting, key=lambda e: (e.checkpointing, order[e.candidate.name]))
     if micro_batch != inputs.micro_batch:
         first = [e if e.candidate != best.candidate else best for e in first]
-    return Plan(inputs, first, best, micro_batch, reason(best, estimates, inputs, micro_batch))
+    return Plan(inputs, first, best, micro_batch, reason(best, inputs, micro_batch))
 
 
-REASONS = {
-    "ddp": "every {device} holds the whole model, its optimizer state and activations, so nothing needs sharding",
-    "zero1": "sharding the optimizer state alone makes it fit, at ddp's communication volume",
-    "zero2": "sharding the optimizer state and gradients makes it fit, at ddp's communication volume",
-    "fsdp2": "the parameters must be sharded too (1.5x ddp's communication); fsdp2 is the default for that",
-    "zero3": "the parameters must be sharded too (1.5x ddp's communication)",
-    "hsdp": "sharding inside a node is enough, so only 1/{devices} of the gradients crosses the links between nodes",
-    "zero3_offload": "only with parameters and optimizer state in host RAM ({offloaded} per node) does it fit",
-    "zero3_nvme": "only with parameters and optimizer state on NVMe ({offloaded} per node) does it fit",
-}
-
-
-def reason(best: Estimate, estimates: list[Estimate], inputs: Inputs, micro_batch: int) -> str:
-    """One sentence: why this candidate."""
-    name = best.candidate.name
-    if best.candidate.tensor_parallel > 1:
-        why = (
-            f"one layer's activations ({size(layer_activations(inputs.shape, micro_batch, inputs.precision))})"
-            f" do not fit beside the sharded states; splitting each layer over {best.candidate.tensor_parallel}"
-            f" {device_word(inputs, plural=True)} does"
-        )
-    else:
-        why = REASONS[name].format(device=device_word(inputs), devices=inputs.devices, offloaded=size(best.offloaded))
+def reason(best: Estimate, inputs: Inputs, micro_batch: int) -> str:
+    """One sentence: why this candidate (its family's `why`, filled in)."""
+    option = best.candidate.option
+    why = option.why.format(
+        device=device_word(inputs),
+        devices=inputs.devices,
+        device_plural=device_word(inputs, plural=True),
+        offloaded=size(best.offloaded),
+        tensor_parallel=option.tensor_parallel,
+        layer_activations=size(layer_activations(inputs.shape, micro_batch, inputs.precision)),
+    )
     how = "with activation checkpointing" if best.checkpointing else "without activation checkpointing"
     batch = f"micro batch {micro_batch}" + (
         f" (halved from {inputs.micro_batch})" if micro_batch != inputs.micro_batch else ""
     )
     return (
-        f"{name} is the cheapest that fits ({size(best.total)} of {size(inputs.budget)} per {device_word(inputs)},"
+        f"{option.name} is the cheapest that fits ({size(best.total)} of {size(inputs.budget)} per {device_word(inputs)},"
         f" {how}, {batch}): {why}."
     )
 

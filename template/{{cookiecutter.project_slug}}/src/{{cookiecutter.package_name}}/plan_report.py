@@ -43,47 +43,23 @@ def reference_model(parameters: float, vocab_size: int = 50304, block_size: int 
 
 
 def library_recipe(candidate: Candidate, inputs: Inputs) -> str:
-    """The library recipe a written plan starts from."""
-    name, multinode = candidate.name, inputs.num_nodes > 1
-    if inputs.cpu:
-        return "cpu-hsdp-debug" if name == "hsdp" else "cpu-tp-debug" if candidate.tensor_parallel > 1 else "cpu-debug"
-    if candidate.tensor_parallel > 1:
-        return "fsdp2-tp-multinode"
-    return {
-        "ddp": "ddp-node",
-        "zero1": "deepspeed-zero1-node",
-        "zero2": "deepspeed-zero2-node",
-        "zero3": "deepspeed-zero3-node",
-        "fsdp2": "fsdp2-multinode" if multinode else "fsdp2-node",
-        "hsdp": "hsdp-multinode",
-        "zero3_offload": "deepspeed-zero3-offload-multinode" if multinode else "deepspeed-zero3-offload-node",
-        "zero3_nvme": "deepspeed-zero3-nvme-node",
-    }[name]
+    """The library recipe a written plan starts from (its strategy family names it)."""
+    cpu, one_node, several_nodes = candidate.option.recipes
+    return cpu if inputs.cpu else several_nodes if inputs.num_nodes > 1 else one_node
 
 
 def strategy_section(candidate: Candidate, base: dict[str, Any], checkpointing: bool, cpu: bool) -> dict[str, Any]:
     """The nested `strategy:` section for a candidate, keeping the base recipe's timeout, compile and meta_init."""
-    family = "deepspeed" if candidate.family == "deepspeed" else candidate.family
     section: dict[str, Any] = {
-        "name": family,
+        "name": None,  # the family's section below fills it in
         "process_group_backend": "gloo" if cpu else "nccl",
         "timeout_minutes": base.get("timeout_minutes", 30),
         "activation_checkpointing": checkpointing,
         "activation_checkpointing_every": 1,
         "compile": base.get("compile", False),
-        "meta_init": base.get("meta_init", False) and family != "deepspeed",
+        "meta_init": base.get("meta_init", False) and candidate.strategy.supports_meta_init,
     }
-    if family == "deepspeed":
-        where = candidate.offload
-        section["deepspeed"] = {
-            "stage": candidate.stage,
-            "offload_optimizer": where,
-            "offload_parameters": where,
-            "nvme_path": base.get("nvme_path", "/local_nvme") if where == "nvme" else None,
-        }
-    elif family in ("fsdp2", "hsdp"):
-        section["fsdp2"] = {"tensor_parallel_size": candidate.tensor_parallel, "float8": False}
-    return section
+    return {**section, **candidate.strategy.plan_section(candidate.option, base)}
 
 
 def written_recipe(base: dict[str, Any], model: dict[str, Any], result: Plan) -> dict[str, Any]:

@@ -148,7 +148,7 @@ def count_parameters(shape: Shape, tensor_parallel: int = 1) -> int:
 
 
 def gpt_parameters(model: Any) -> int:
-    """Parameters of this project's GPT for a `ModelConfig`: equals `model.count_parameters`, without torch."""
+    """Parameters of this project's GPT for a `ModelConfig`: equals `models.count_parameters`, without torch."""
     return count_parameters(gpt_shape(model))
 
 
@@ -279,7 +279,7 @@ def activations(
 def training_flops_per_token(shape: Shape) -> float:
     """Model FLOPs of forward + backward per token: 6 * matmul parameters + 12 * n_layer * n_embd * s.
 
-    The same count as `model.training_flops_per_token` (attention over the full block, not causal;
+    The same count as `models.training_flops_per_token` (attention over the full block, not causal;
     recomputation not counted).
     """
     matmul = shape.n_layer * sum(layer_weight_matrices(shape)) + shape.vocab_size * shape.n_embd

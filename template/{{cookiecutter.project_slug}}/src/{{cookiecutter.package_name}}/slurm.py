@@ -2,16 +2,17 @@
 
 scripts/slurm/train.sbatch is the same script with the recipe as an argument. Both ask SLURM for
 SIGUSR1 120 s before the time limit; the training processes then save, requeue the job and exit
-with REQUEUE_EXIT_CODE (preemption.py), which the script reports as a requeue, not a failure.
+with ExitCode.REQUEUE (preemption.py), which the script reports as a requeue, not a failure.
 """
 
 from __future__ import annotations
 
 import shlex
 
-from {{ cookiecutter.package_name }}.config import Recipe, needs_gpu
+from {{ cookiecutter.package_name }}.errors import ExitCode
+from {{ cookiecutter.package_name }}.recipe.checks import needs_gpu
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 
-REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL from sysexits.h: a temporary failure, run again
 SIGNAL_SECONDS_BEFORE_LIMIT = 120
 PACKAGE = "{{ cookiecutter.package_name }}"
 
@@ -51,13 +52,13 @@ def run_lines(recipe_argument: str) -> list[str]:
     return [
         "set -uo pipefail",
         "# SIGUSR1 (--signal) or SIGTERM: every rank saves at the next step boundary, rank 0 runs",
-        f"# `scontrol requeue $SLURM_JOB_ID`, the tasks exit {REQUEUE_EXIT_CODE}; the requeued job resumes (resume auto).",
+        f"# `scontrol requeue $SLURM_JOB_ID`, the tasks exit {int(ExitCode.REQUEUE)}; the requeued job resumes (resume auto).",
         "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
         "status=0",
         f"srun python -m {PACKAGE} train --config {recipe_argument} \\",
         '  --num_nodes "$SLURM_JOB_NUM_NODES" --devices "$SLURM_NTASKS_PER_NODE" \\',
         '  --checkpoint.resume auto "$@" || status=$?',
-        f'if [ "$status" -eq {REQUEUE_EXIT_CODE} ]; then',
+        f'if [ "$status" -eq {int(ExitCode.REQUEUE)} ]; then',
         '  echo "checkpoint saved and job $SLURM_JOB_ID requeued: it resumes from there"',
         "  exit 0",
         "fi",

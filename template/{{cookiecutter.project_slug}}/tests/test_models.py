@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from {{ cookiecutter.package_name }}.config import ModelConfig
-from {{ cookiecutter.package_name }}.model import GPT, count_parameters
+from {{ cookiecutter.package_name }}.models import count_parameters
+from {{ cookiecutter.package_name }}.models.gpt import GPT
+from {{ cookiecutter.package_name }}.recipe.schema import ModelConfig
 
 TINY = ModelConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32)
 

@@ -5,21 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES, run_cli
+from helpers import RECIPES, fail_with, run_cli
 
-from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.config import Recipe, RecipeError, check_recipe, load_recipe, parse_recipe
-
-
-def fail_with(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """Run the CLI in-process, assert exit code 2 and a one-line error; return that line."""
-    with pytest.raises(SystemExit) as exited:
-        main(argv)
-    assert exited.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    assert err.startswith("error: ")
-    return err
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.recipe.checks import check_recipe
+from {{ cookiecutter.package_name }}.recipe.load import load_recipe, parse_recipe
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 
 
 def write(tmp_path: Path, text: str) -> Path:

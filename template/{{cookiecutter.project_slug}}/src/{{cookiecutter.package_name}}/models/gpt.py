@@ -1,7 +1,8 @@
-"""A decoder-only GPT: token embedding, a stack of pre-norm transformer blocks, a language-model head.
+"""A GPT-2-style decoder: token and learned position embeddings, pre-norm blocks, a language-model head.
 
 Sizes come from `ModelConfig`; the same code builds a tiny model for a laptop and a model of
-billions of parameters. Blocks live in `GPT.blocks` so that `parallel.py` can shard them one by one.
+billions of parameters. Its parallel facts live here too: `GPT.blocks` (the unit that is sharded,
+checkpointed and compiled) and `GPT.tensor_parallel_plan` (how one block is split).
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ import math
 
 import torch
 import torch.nn.functional as F
-from lightning.fabric.utilities.throughput import measure_flops
 from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
-from {{ cookiecutter.package_name }}.config import ModelConfig
+from {{ cookiecutter.package_name }}.recipe.schema import ModelConfig
 
 
 class CausalSelfAttention(nn.Module):
@@ -81,6 +82,19 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.reset_parameters()
 
+    @staticmethod
+    def tensor_parallel_plan() -> dict[str, ParallelStyle]:
+        """The tensor-parallel plan of one block: q/k/v and fc split by columns (heads, hidden units),
+        both output projections by rows, so each block needs one all-reduce in attention and one in the MLP."""
+        return {
+            "attn.q": ColwiseParallel(),
+            "attn.k": ColwiseParallel(),
+            "attn.v": ColwiseParallel(),
+            "attn.proj": RowwiseParallel(),
+            "mlp.fc": ColwiseParallel(),
+            "mlp.proj": RowwiseParallel(),
+        }
+
     def reset_parameters(self) -> None:
         """GPT-2 initialisation; residual projections scaled down by the depth."""
         for name, param in self.named_parameters():
@@ -105,22 +119,3 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.norm(x))
-
-
-def count_parameters(config: ModelConfig) -> int:
-    """Number of parameters of the model a config describes, without building it."""
-    with torch.device("meta"):
-        return sum(p.numel() for p in GPT(config).parameters())
-
-
-def training_flops_per_token(config: ModelConfig) -> int:
-    """Model FLOPs of one forward and backward pass per token, counted once on a meta-device copy.
-
-    These are model FLOPs (what MFU is defined on): recomputation by activation checkpointing is not
-    counted, and attention is counted over the full block as if it were not causal, which gives the
-    usual 6 * (matmul parameters) + 12 * n_layer * n_embd * block_size.
-    """
-    with torch.device("meta"):
-        model = GPT(config)
-        tokens = torch.zeros(1, config.block_size, dtype=torch.long)
-    return measure_flops(model, lambda: model(tokens), lambda logits: logits.sum()) // config.block_size

@@ -1,0 +1,154 @@
+"""Every rule a recipe must satisfy, in one place: field ranges, the strategy's own rules, and the hardware rules.
+
+`check_recipe` runs when a recipe is parsed, before torch is imported and before any process starts
+or file is written. `check_hardware` is the one function for what the machine must have; it runs at
+parse time with the recipe's accelerator and again at launch with the device actually found.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.recipe.schema import STRATEGY_SECTIONS, Recipe
+from {{ cookiecutter.package_name }}.strategies import REGISTRY, strategy_class, strategy_for
+
+BF16_CAPABILITY = (8, 0)  # A100 and newer
+GPU_ONLY_PRECISIONS = ("16-mixed", "16-true")
+
+
+def check_recipe(recipe: Recipe) -> None:
+    """Reject values and combinations that cannot run, naming the field and what is allowed."""
+    _check_values(recipe)
+    check_strategy(recipe)
+    if recipe.accelerator == "cpu":
+        check_hardware(recipe, "cpu")
+
+
+def _check_values(recipe: Recipe) -> None:
+    """Ranges and relations of single fields."""
+    at_least = {
+        "devices": (recipe.devices, 1),
+        "num_nodes": (recipe.num_nodes, 1),
+        "strategy.timeout_minutes": (recipe.strategy.timeout_minutes, 1),
+        "strategy.activation_checkpointing_every": (recipe.strategy.activation_checkpointing_every, 1),
+        "model.vocab_size": (recipe.model.vocab_size, 1),
+        "model.block_size": (recipe.model.block_size, 1),
+        "model.n_layer": (recipe.model.n_layer, 1),
+        "model.n_head": (recipe.model.n_head, 1),
+        "model.n_embd": (recipe.model.n_embd, 1),
+        "model.mlp_ratio": (recipe.model.mlp_ratio, 1),
+        "train.max_steps": (recipe.train.max_steps, 1),
+        "train.micro_batch_size": (recipe.train.micro_batch_size, 1),
+        "train.grad_accum_steps": (recipe.train.grad_accum_steps, 1),
+        "train.warmup_steps": (recipe.train.warmup_steps, 0),
+        "train.weight_decay": (recipe.train.weight_decay, 0),
+        "train.grad_clip": (recipe.train.grad_clip, 0),
+        "train.min_learning_rate": (recipe.train.min_learning_rate, 0),
+        "eval.every_steps": (recipe.eval.every_steps, 0),
+        "eval.batches": (recipe.eval.batches, 1),
+        "checkpoint.save_every_steps": (recipe.checkpoint.save_every_steps, 0),
+        "checkpoint.save_every_minutes": (recipe.checkpoint.save_every_minutes, 0),
+        "checkpoint.keep_last": (recipe.checkpoint.keep_last, 0),
+        "logger.log_every_steps": (recipe.logger.log_every_steps, 1),
+    }
+    for name, (value, minimum) in at_least.items():
+        if value < minimum:
+            raise RecipeError(f"{name}={value} must be >= {minimum}")
+    if recipe.logger.peak_tflops is not None and not recipe.logger.peak_tflops > 0:
+        raise RecipeError(f"logger.peak_tflops={recipe.logger.peak_tflops} must be > 0 (or null to use the GPU table)")
+    if not recipe.train.learning_rate > 0:
+        raise RecipeError(f"train.learning_rate={recipe.train.learning_rate} must be > 0")
+    if recipe.train.min_learning_rate > recipe.train.learning_rate:
+        raise RecipeError(
+            f"train.min_learning_rate={recipe.train.min_learning_rate} must not exceed"
+            f" train.learning_rate={recipe.train.learning_rate}"
+        )
+    for name, value in (("train.beta1", recipe.train.beta1), ("train.beta2", recipe.train.beta2)):
+        if not 0 <= value < 1:
+            raise RecipeError(f"{name}={value} must be in [0, 1)")
+    if not 0 <= recipe.model.dropout < 1:
+        raise RecipeError(f"model.dropout={recipe.model.dropout} must be in [0, 1)")
+    if recipe.model.n_embd % recipe.model.n_head:
+        raise RecipeError(f"model.n_head={recipe.model.n_head} does not divide model.n_embd={recipe.model.n_embd}")
+    if not 0 < recipe.data.val_fraction < 1:
+        raise RecipeError(f"data.val_fraction={recipe.data.val_fraction} must be in (0, 1)")
+    if recipe.data.source != "embedded" and not recipe.data.path:
+        raise RecipeError(f"data.path is required when data.source={recipe.data.source}")
+    if recipe.data.source == "embedded" and recipe.model.vocab_size < 256:
+        raise RecipeError(
+            f"model.vocab_size={recipe.model.vocab_size} is too small for data.source=embedded"
+            " (byte-level tokens need 256)"
+        )
+    if recipe.checkpoint.resume is not None and not recipe.checkpoint.resume.strip():
+        raise RecipeError("checkpoint.resume must be null, auto, or a checkpoint path")
+
+
+def check_strategy(recipe: Recipe) -> None:
+    """The strategy exists, carries only its own options section, and accepts the recipe."""
+    family = strategy_class(recipe.strategy.name)
+    for section in STRATEGY_SECTIONS:
+        if getattr(recipe.strategy, section) is not None and section != family.options_key:
+            owners = " or ".join(name for name, other in REGISTRY.items() if other.options_key == section)
+            raise RecipeError(
+                f"strategy.{section} applies only to strategy.name={owners} (this recipe has {family.name};"
+                " remove the section or change the strategy)"
+            )
+    if recipe.strategy.meta_init and not family.supports_meta_init:
+        names = " or ".join(name for name, other in REGISTRY.items() if other.supports_meta_init)
+        raise RecipeError(
+            f"strategy.meta_init=True applies only to strategy.name={names}"
+            f" (this recipe has {family.name}; remove the key or change the strategy)"
+        )
+    strategy = family(recipe)
+    strategy.check()
+    if recipe.checkpoint.async_save and strategy.checkpoint_layout != "sharded":
+        names = " or ".join(name for name, other in REGISTRY.items() if other.checkpoint_layout == "sharded")
+        raise RecipeError(
+            f"checkpoint.async_save=true needs torch.distributed.checkpoint shards (strategy.name {names}),"
+            f" not strategy.name={family.name}"
+        )
+
+
+def check_hardware(
+    recipe: Recipe, accelerator: str, capability: tuple[int, int] | None = None, found: bool = False
+) -> None:
+    """Reject a recipe the hardware cannot run.
+
+    `accelerator` is cpu or cuda; `capability` the GPU's CUDA compute capability when known; `found`
+    says the accelerator was detected on this machine (at launch) rather than read from the recipe.
+    """
+    requirement = strategy_for(recipe).gpu_requirement()
+    if accelerator == "cpu":
+        where = " and this machine has none" if found else " (accelerator=cpu)"
+        if requirement is not None:
+            raise RecipeError(
+                f"{requirement.field} needs {requirement.needs}{where} ({requirement.why}); on CPU {requirement.remedy}"
+            )
+        if recipe.precision in GPU_ONLY_PRECISIONS:
+            raise RecipeError(
+                f"precision={recipe.precision} needs a GPU{where}; on CPU choose 32-true, bf16-mixed or bf16-true"
+            )
+        if recipe.strategy.process_group_backend == "nccl":
+            raise RecipeError(f"strategy.process_group_backend=nccl needs GPUs{where}; use gloo or null on CPU")
+        return
+    if capability is None:
+        return
+    version = ".".join(map(str, capability))
+    if recipe.precision.startswith("bf16") and capability < BF16_CAPABILITY:
+        raise RecipeError(
+            f"precision={recipe.precision} needs a GPU with bf16 (compute capability 8.0+, A100 or newer);"
+            f" this GPU has {version}: choose 16-mixed or 32-true"
+        )
+    if requirement is not None and requirement.capability is not None and capability < requirement.capability:
+        needed = ".".join(map(str, requirement.capability))
+        raise RecipeError(
+            f"{requirement.field} needs compute capability {needed}+ (H100, L4, ...); this GPU has {version}"
+        )
+    if requirement is not None and requirement.package and importlib.util.find_spec(requirement.package) is None:
+        raise RecipeError(f"{requirement.field} needs {requirement.package}: pip install {requirement.package}")
+
+
+def needs_gpu(recipe: Recipe) -> bool:
+    """Whether the recipe can only run on CUDA GPUs."""
+    return recipe.accelerator == "cuda" or strategy_for(recipe).gpu_requirement() is not None

@@ -1,0 +1,136 @@
+"""Reading a recipe: a YAML file plus dotted command-line overrides (`--train.max_steps 20`) -> a checked `Recipe`.
+
+jsonargparse fills the dataclasses of `recipe/schema.py` and rejects unknown keys and values of the
+wrong type; its multi-line errors are condensed here into one line that names the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonargparse import ActionConfigFile, ArgumentParser
+
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.recipe import schema
+from {{ cookiecutter.package_name }}.recipe.checks import check_recipe
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.strategies import strategy_class
+
+
+def recipe_parser(prog: str = "train") -> ArgumentParser:
+    """A parser for a recipe file plus dotted command-line overrides."""
+    parser = ArgumentParser(prog=prog, exit_on_error=False, allow_abbrev=False, description="Train with a recipe.")
+    parser.add_argument("--config", action=ActionConfigFile, help="Recipe YAML file.")
+    parser.add_class_arguments(Recipe, nested_key=None, fail_untyped=True)
+    return parser
+
+
+def parse_recipe(argv: list[str], parser: ArgumentParser | None = None) -> Recipe:
+    """Parse and check a recipe; raises RecipeError with a one-line message."""
+    parser = parser or recipe_parser()
+    source = _config_source(argv)
+    try:
+        namespace = parser.parse_args(argv)
+    except Exception as error:  # jsonargparse raises ArgumentError; its text spans lines
+        raise RecipeError(_one_line(str(error), source)) from None
+    values = parser.instantiate(namespace).as_dict()
+    values.pop("config", None)
+    recipe = Recipe(**{f.name: values[f.name] for f in dataclasses.fields(Recipe)})
+    try:
+        check_recipe(recipe)
+    except RecipeError as error:
+        raise RecipeError(f"{source}: {error}") from None
+    # The strategy's own options section, filled with its defaults: the resolved recipe shows every option used.
+    strategy = strategy_class(recipe.strategy.name)
+    if strategy.options_key and strategy.options_type and getattr(recipe.strategy, strategy.options_key) is None:
+        setattr(recipe.strategy, strategy.options_key, strategy.options_type())
+    return recipe
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Parse and check one recipe file."""
+    return parse_recipe(["--config", str(path)])
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """The resolved recipe as YAML that `load_recipe` reads back."""
+    return yaml.safe_dump(recipe.to_dict(), sort_keys=False)
+
+
+def _config_source(argv: list[str]) -> str:
+    """Name of the recipe file in argv, for error messages."""
+    for index, arg in enumerate(argv):
+        if arg == "--config" and index + 1 < len(argv):
+            return f"recipe {Path(argv[index + 1]).name!r}"
+        if arg.startswith("--config="):
+            return f"recipe {Path(arg.split('=', 1)[1]).name!r}"
+    return "recipe"
+
+
+def _one_line(message: str, source: str) -> str:
+    """Condense a jsonargparse error (often several lines) into one line that names the field."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()] or [message]
+    text = lines[0]
+    if key := re.match(r'Parser key "([^"]+)":\s*', text):
+        rest = text[key.end() :] or (lines[1] if len(lines) > 1 else "")
+        if key.group(1) == "config":  # the recipe file itself: missing or not YAML
+            return f"{source}: {rest[:1].lower()}{rest[1:]}"
+        if inner := _union_member_error(lines):  # an options section (`X | None`): its dataclass's own error
+            if unknown := re.match(r"Option '([^']+)' is not accepted", inner[0]):
+                group = key.group(1)
+                allowed = _fields_of(_group_class(group))
+                return f"{source}: unknown key '{group}.{unknown.group(1)}' (allowed in {group}: {allowed})"
+            if nested := re.match(r'Parser key "([^"]+)":\s*', inner[0]):
+                inner[0] = f'Parser key "{key.group(1)}.{nested.group(1)}": {inner[0][nested.end() :]}'
+                return _one_line("\n".join(inner), source)
+        detail = lines[1] if len(lines) > 1 else rest
+        if literal := re.search(r"Literal\[(.*)\]\. Got value: (.*)", detail):
+            detail = f"{literal.group(2)!r} is not allowed (choose one of {literal.group(1)})"
+        elif expected := re.search(r"Expected a <class '(\w+)'>\. Got value: (.*)", detail):
+            detail = f"expected {expected.group(1)}, got {expected.group(2)!r}"
+        return f"{source}: {key.group(1)}: {detail}"
+    if unknown := re.match(r"Option '([^']+)' is not accepted", text):
+        return f"{source}: unknown key {unknown.group(1)!r} (allowed: {_fields_of(Recipe)})"
+    if nested := re.match(r"Group '([^']+)' does not accept option '([^']+)'", text):
+        group, option = nested.groups()
+        allowed = _fields_of(_group_class(group))
+        return f"{source}: unknown key '{group}.{option}' (allowed in {group}: {allowed})"
+    return f"{source}: {text}"
+
+
+def _union_member_error(lines: list[str]) -> list[str]:
+    """The error lines of the dataclass member of an `X | None` field that did not validate, or []."""
+    for index, line in enumerate(lines):
+        if line.startswith("- Problem with given class_path"):
+            inner = []
+            for following in lines[index + 1 :]:
+                if following.startswith("- "):
+                    break
+                inner.append(following)
+            return inner
+    return []
+
+
+def _group_class(group: str) -> Any:
+    """The dataclass behind a dotted group name such as 'strategy'."""
+    cls: Any = Recipe
+    for part in group.split("."):
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        cls = _dataclass_in(types.get(part))
+    return cls
+
+
+def _fields_of(cls: Any) -> str:
+    return ", ".join(f.name for f in dataclasses.fields(cls))
+
+
+def _dataclass_in(annotation: Any) -> Any:
+    """The schema dataclass named in a field's annotation ('StrategyConfig', 'DeepSpeedOptions | None')."""
+    for name in re.findall(r"\w+", annotation) if isinstance(annotation, str) else []:
+        if dataclasses.is_dataclass(candidate := getattr(schema, name, None)):
+            return candidate
+    return annotation

@@ -1,0 +1,299 @@
+"""The schema of a recipe: typed dataclasses that YAML files and command-line overrides both fill.
+
+Every knob a run has is a field here; `recipe/load.py` reads a recipe into a `Recipe` and
+`recipe/checks.py` refuses values and combinations that cannot run. No torch import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Precision = Literal["32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true"]
+
+
+Offload = Literal["none", "cpu", "nvme"]
+
+
+@dataclass
+class Fsdp2Options:
+    """Options of strategy.name fsdp2 and hsdp (torch's fully_shard through Fabric's ModelParallelStrategy).
+
+    Args:
+        tensor_parallel_size: Devices that split each layer (tensor parallel, inside a node); must
+            divide devices. 1 turns tensor parallel off.
+        float8: Train the blocks' linear layers in float8 with torchao (GPUs with compute
+            capability 8.9 or newer: H100, L4, ...).
+    """
+
+    tensor_parallel_size: int = 1
+    float8: bool = False
+
+
+@dataclass
+class FsdpOptions:
+    """Options of strategy.name fsdp (FSDP1 through Fabric's FSDPStrategy; GPUs only).
+
+    Args:
+        sharding: FULL_SHARD (ZeRO-3-like), SHARD_GRAD_OP (ZeRO-2-like: parameters kept whole
+            between forward and backward) or HYBRID_SHARD (shard inside a node, replicate across nodes).
+        cpu_offload: Keep parameters, gradients and optimizer state in CPU memory.
+    """
+
+    sharding: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD"] = "FULL_SHARD"
+    cpu_offload: bool = False
+
+
+@dataclass
+class DeepSpeedOptions:
+    """Options of strategy.name deepspeed (ZeRO through Fabric's DeepSpeedStrategy; GPUs only).
+
+    Args:
+        stage: ZeRO stage 1 (optimizer state sharded), 2 (+ gradients) or 3 (+ parameters).
+        offload_optimizer: Where optimizer state lives: none (GPU), cpu, or nvme (stage 3 only;
+            files under nvme_path).
+        offload_parameters: Where parameters live between uses: none (GPU), cpu or nvme; stage 3 only.
+        nvme_path: Folder on a local NVMe drive for nvme offload (required for it).
+    """
+
+    stage: Literal[1, 2, 3] = 2
+    offload_optimizer: Offload = "none"
+    offload_parameters: Offload = "none"
+    nvme_path: str | None = None
+
+
+@dataclass
+class StrategyConfig:
+    """How the model and the work are spread over devices.
+
+    Options of one strategy family sit in a section named after it (`fsdp2:`, `fsdp:`,
+    `deepspeed:`); a section of another family than `name` is refused, so no option is silently ignored.
+
+    Args:
+        name: ddp (every device holds the whole model; use when model + optimizer fit on one
+            device), fsdp2 (parameters, gradients and optimizer state sharded per transformer block
+            with torch's fully_shard), hsdp (fsdp2 sharded inside a node, replicated across nodes),
+            fsdp (FSDP1 through Fabric's FSDPStrategy; GPUs only) or deepspeed (ZeRO through
+            Fabric's DeepSpeedStrategy; GPUs only). The strategies/ package lists them.
+        process_group_backend: Collective backend; null picks nccl on GPUs and gloo on CPUs.
+        timeout_minutes: How long a collective may wait for the other ranks before the job fails.
+        activation_checkpointing: Recompute each checkpointed block's activations in backward
+            instead of keeping them: less memory, about a third more compute.
+        activation_checkpointing_every: Checkpoint every k-th block (1: every block).
+        compile: torch.compile each transformer block.
+        meta_init: Build the model on the meta device and materialise it sharded, so a model
+            larger than one process's memory can be built (fsdp2, hsdp, fsdp, deepspeed stage 3).
+            The initial weights then differ from an ordinary build with the same seed; deepspeed
+            stage 3 always builds the model partitioned (deepspeed.zero.Init), with the same weights.
+        fsdp2: Options of fsdp2 and hsdp (tensor parallel, float8).
+        fsdp: Options of fsdp (FSDP1 sharding, CPU offload).
+        deepspeed: Options of deepspeed (ZeRO stage, offload).
+    """
+
+    name: str = "fsdp2"
+    process_group_backend: Literal["nccl", "gloo"] | None = None
+    timeout_minutes: int = 30
+    activation_checkpointing: bool = False
+    activation_checkpointing_every: int = 1
+    compile: bool = False
+    meta_init: bool = False
+    fsdp2: Fsdp2Options | None = None
+    fsdp: FsdpOptions | None = None
+    deepspeed: DeepSpeedOptions | None = None
+
+
+# The per-family options sections of StrategyConfig; at most the one of `name` may be set.
+STRATEGY_SECTIONS = ("fsdp2", "fsdp", "deepspeed")
+
+
+@dataclass
+class ModelConfig:
+    """A decoder-only transformer; the defaults make a tiny model that trains on a laptop CPU.
+
+    Args:
+        arch: Model family: gpt (GPT-2-style: learned positions, LayerNorm, GELU MLP). models/ lists them.
+        vocab_size: Size of the token vocabulary (256 for the byte-level text data).
+        block_size: Context length in tokens.
+        n_layer: Number of transformer blocks.
+        n_head: Attention heads per block; must divide n_embd.
+        n_embd: Width of the residual stream.
+        mlp_ratio: Hidden width of the MLP as a multiple of n_embd.
+        dropout: Dropout probability (0 for pre-training).
+        bias: Whether linear and norm layers have a bias.
+    """
+
+    arch: Literal["gpt"] = "gpt"
+    vocab_size: int = 256
+    block_size: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+    bias: bool = False
+
+    def tensor_parallel_dimensions(self) -> dict[str, int]:
+        """Sizes that tensor parallel splits evenly over its ranks (attention heads and width)."""
+        return {"n_head": self.n_head, "n_embd": self.n_embd}
+
+
+@dataclass
+class DataConfig:
+    """Where the tokens come from.
+
+    Args:
+        source: embedded (a corpus made in code, offline, no download), text (a folder of .txt
+            files, byte-level tokens) or tokens (a flat binary file of token ids, read by memory map).
+        path: The folder (text) or file (tokens); unused for embedded.
+        token_dtype: Integer type of the token file (uint16 for vocabularies up to 65536).
+        val_fraction: Fraction of the tokens held out, at the end, for validation.
+    """
+
+    source: Literal["embedded", "text", "tokens"] = "embedded"
+    path: str | None = None
+    token_dtype: Literal["uint16", "uint32"] = "uint16"
+    val_fraction: float = 0.1
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation.
+
+    Args:
+        max_steps: Optimizer steps to run in total (a resumed run continues up to this number).
+        micro_batch_size: Sequences per device per forward/backward pass.
+        grad_accum_steps: Micro-batches accumulated per optimizer step; the global batch is
+            micro_batch_size * grad_accum_steps * data-parallel world size.
+        learning_rate: Peak learning rate, reached after the warmup.
+        min_learning_rate: Learning rate at the end of the cosine decay.
+        warmup_steps: Steps of linear warmup from 0 to learning_rate.
+        weight_decay: AdamW weight decay, applied to matrices only (not to norms and biases).
+        beta1: AdamW beta1.
+        beta2: AdamW beta2.
+        grad_clip: Clip the global gradient norm to this value; 0 disables clipping.
+        seed: Seed for the model initialisation and the data order.
+        on_nonfinite_loss: What a step whose loss is NaN or infinite on any rank does: stop (exit
+            code 3 with a message naming the step; the last checkpoint is kept) or skip (every rank
+            skips that optimizer update, the step still counts and consumes its batch, and
+            train/skipped_updates is logged).
+    """
+
+    max_steps: int = 100
+    micro_batch_size: int = 8
+    grad_accum_steps: int = 1
+    learning_rate: float = 1e-3
+    min_learning_rate: float = 1e-4
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 1337
+    on_nonfinite_loss: Literal["stop", "skip"] = "stop"
+
+
+@dataclass
+class EvalConfig:
+    """Periodic validation.
+
+    Args:
+        every_steps: Validate every this many steps and at the end; 0 disables validation.
+        batches: Micro-batches per device in one validation pass.
+    """
+
+    every_steps: int = 50
+    batches: int = 4
+
+
+@dataclass
+class CheckpointConfig:
+    """Saving and resuming.
+
+    Args:
+        save_every_steps: Save every this many steps (and always at the end); 0 disables step-based saving.
+        save_every_minutes: Also save when this many minutes of wall time passed since the last save; 0 disables.
+        keep_last: Keep only the newest K complete checkpoints; 0 keeps all.
+        async_save: Write sharded checkpoints in the background (fsdp2 only); the loop blocks only for
+            the copy to host memory, and the next save or the end of training waits for the previous one.
+        resume: null starts fresh; auto continues from the newest complete checkpoint under out_dir
+            (fresh if there is none); a path continues from that checkpoint folder.
+    """
+
+    save_every_steps: int = 50
+    save_every_minutes: float = 0.0
+    keep_last: int = 0
+    async_save: bool = False
+    resume: str | None = None
+
+
+@dataclass
+class LoggerConfig:
+    """Experiment tracking and what a run reports; only rank 0 logs and prints.
+
+    Credentials are never recipe fields: W&B reads its API key from WANDB_API_KEY or from
+    `wandb login` (~/.netrc), so no key can end up in a logged config or a checkpoint.
+
+    Args:
+        name: wandb (offline when no API key is configured, or when WANDB_MODE=offline), tensorboard,
+            csv, or none. All log the same metrics.
+        project: W&B project name.
+        entity: W&B team or user that owns the project; null uses the account's default.
+        run_name: Name of the run (W&B display name, TensorBoard/CSV folder); null lets the logger choose.
+        group: W&B group, to show related runs (for example the jobs of one sweep) together.
+        tags: W&B tags of the run.
+        log_every_steps: Log metrics and print a progress line every this many steps.
+        peak_tflops: Dense peak TFLOP/s of one device at the run's precision, for MFU; null looks the
+            GPU up in the table in hardware.py (no MFU on CPUs or GPUs missing from it).
+    """
+
+    name: Literal["wandb", "tensorboard", "csv", "none"] = "{{ cookiecutter.logger }}"
+    project: str = "{{ cookiecutter.project_slug }}"
+    entity: str | None = None
+    run_name: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+    log_every_steps: int = 10
+    peak_tflops: float | None = None
+
+
+@dataclass
+class Recipe:
+    """Everything a training run does.
+
+    Args:
+        accelerator: cpu, cuda, or auto (cuda when a GPU is visible).
+        devices: Processes (one per device) per node.
+        num_nodes: Number of nodes.
+        precision: 32-true, bf16-mixed, bf16-true, 16-mixed (GPU, ddp only) or 16-true.
+        out_dir: Folder for checkpoints and logs of this run.
+    """
+
+    accelerator: Literal["auto", "cpu", "cuda"] = "auto"
+    devices: int = 1
+    num_nodes: int = 1
+    precision: Precision = "32-true"
+    out_dir: str = "runs/default"
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+    @property
+    def world_size(self) -> int:
+        """Total number of processes."""
+        return self.devices * self.num_nodes
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved recipe as plain data (what is logged and saved beside checkpoints).
+
+        Options sections of other strategy families (null) are left out.
+        """
+        data = dataclasses.asdict(self)
+        for section in STRATEGY_SECTIONS:
+            if data["strategy"][section] is None:
+                del data["strategy"][section]
+        return data

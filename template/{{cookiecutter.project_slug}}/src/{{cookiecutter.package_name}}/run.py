@@ -1,0 +1,122 @@
+"""`setup(recipe) -> Run`: the Fabric, model, optimizer, schedule, data and state of a training run.
+
+Built the way the recipe's strategy wants it (strategies/), and resumed when the recipe says so.
+Everything that can refuse the recipe runs before any process is launched or file written. The loop
+(train.py), the benchmarks and the tests all start a run through here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric import Fabric
+from lightning.fabric.loggers import Logger
+
+from {{ cookiecutter.package_name }}.checkpoint import checkpoint_root, load_checkpoint, read_meta, resolve_resume
+from {{ cookiecutter.package_name }}.data import Batch, TrainBatches, load_tokens, split_tokens, validation_batches
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.launchers import check_launcher, join_restarted_torchrun_group, start_processes
+from {{ cookiecutter.package_name }}.observe import build_loggers, new_run_id
+from {{ cookiecutter.package_name }}.optim import build_optimizer, build_scheduler
+from {{ cookiecutter.package_name }}.recipe.checks import check_hardware
+from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.strategies import TrainingStrategy, strategy_for
+
+
+@dataclass
+class Run:
+    """A training run, set up and (if the recipe says so) resumed; `state` is what a checkpoint holds."""
+
+    recipe: Recipe
+    strategy: TrainingStrategy
+    fabric: Fabric
+    model: Any  # Fabric's wrapper of the (sharded) model
+    optimizer: Any  # Fabric's wrapper of the optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    batches: TrainBatches
+    val_batches: list[Batch]
+    state: dict[str, Any]
+    resumed_from: Path | None
+
+
+def resolve_accelerator(recipe: Recipe) -> str:
+    """The accelerator this machine will use for the recipe; refuses cuda where no GPU is visible."""
+    has_cuda = torch.cuda.is_available()
+    if recipe.accelerator == "cuda" and not has_cuda:
+        raise RecipeError("accelerator=cuda but no CUDA GPU is visible on this machine (use accelerator=cpu or auto)")
+    if recipe.accelerator == "auto":
+        return "cuda" if has_cuda else "cpu"
+    return recipe.accelerator
+
+
+def build_fabric(recipe: Recipe, strategy: TrainingStrategy, loggers: list[Logger]) -> Fabric:
+    """A Fabric object for the recipe on this machine (processes are launched by `start_processes`)."""
+    accelerator = resolve_accelerator(recipe)
+    if accelerator == "cuda" and recipe.devices > torch.cuda.device_count():
+        raise RecipeError(f"devices={recipe.devices} but this machine has {torch.cuda.device_count()} GPU(s)")
+    capability = torch.cuda.get_device_capability() if accelerator == "cuda" else None
+    check_hardware(recipe, accelerator, capability, found=True)  # the same rules as at parse time, on this machine
+    check_launcher(recipe, accelerator)  # fabric run / torchrun / srun must start the recipe's layout
+    join_restarted_torchrun_group(recipe, accelerator)
+    return Fabric(
+        accelerator=accelerator,
+        devices=recipe.devices,
+        num_nodes=recipe.num_nodes,
+        precision=recipe.precision,
+        strategy=strategy.fabric_strategy(),
+        loggers=loggers,
+    )
+
+
+def setup(recipe: Recipe) -> Run:
+    """Launch the processes and build everything the loop trains; resumes from a checkpoint if the recipe says so."""
+    strategy = strategy_for(recipe)
+    tokens = load_tokens(recipe.data)
+    train_tokens, val_tokens = split_tokens(tokens, recipe.data.val_fraction, recipe.model.block_size)
+    resume_from = resolve_resume(recipe)
+    # A resumed or requeued job appends to the W&B run of its checkpoint instead of starting a new one.
+    run_id = (read_meta(resume_from).get("wandb_run_id") if resume_from else None) or new_run_id()
+    fabric = build_fabric(recipe, strategy, build_loggers(recipe, run_id))
+
+    start_processes(fabric)  # unless `fabric run` already did
+    fabric.seed_everything(recipe.train.seed)
+    fabric.print(f"Recipe:\n{dump_recipe(recipe)}")
+    model = strategy.build_model(fabric)  # whole on every rank, or sharded as it is built (meta_init, ZeRO-3)
+    model, optimizer, scheduled = strategy.setup(fabric, model, partial(build_optimizer, config=recipe.train))
+    scheduler = build_scheduler(scheduled, recipe.train)
+
+    dp_rank, dp_size = strategy.data_parallel_rank_and_size(fabric)  # tensor-parallel peers see the same batches
+    micro_batch_size = recipe.train.micro_batch_size
+    batches = TrainBatches(
+        train_tokens,
+        block_size=recipe.model.block_size,
+        micro_batch_size=micro_batch_size,
+        grad_accum_steps=recipe.train.grad_accum_steps,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        seed=recipe.train.seed,
+    )
+    val_batches = validation_batches(
+        val_tokens, recipe.model.block_size, micro_batch_size, recipe.eval.batches, dp_rank=dp_rank, dp_size=dp_size
+    )
+    state: dict[str, Any] = {
+        "model": model,
+        "optimizer": optimizer,
+        "scheduler": scheduler,
+        "data": batches,
+        "step": 0,
+        "tokens_seen": 0,
+        "skipped_updates": 0,  # non-finite loss, on_nonfinite_loss=skip ("skipped_steps" is DeepSpeed's own key)
+        "wandb_run_id": fabric.broadcast(run_id),  # rank 0's id: the one its logger writes to
+    }
+    if resume_from is not None:
+        load_checkpoint(fabric, resume_from, state, recipe)
+        fabric.print(f"Resumed from {resume_from} at step {state['step']}")
+    elif recipe.checkpoint.resume == "auto":
+        fabric.print(f"No checkpoint under {checkpoint_root(recipe)}: starting from step 0")
+    return Run(recipe, strategy, fabric, model, optimizer, scheduler, batches, val_batches, state, resume_from)

@@ -1,0 +1,213 @@
+"""The one interface every strategy family implements, and the defaults most of them share.
+
+A `TrainingStrategy` is asked everything that differs between strategies: which recipes it accepts
+(`check`, `gpu_requirement`), which Fabric strategy object it is, how the model is built and set up
+with its optimizer, how a micro-batch skips gradient sync, how a step clips and steps, what a skipped
+update must drop, how ranks map to data-parallel replicas, how its checkpoints are laid out, and what
+`plan` needs to know about what it shards. The loop, checkpoints, plan and the command line ask it;
+none of them knows a strategy by name.
+
+Importing this package does not import torch (the command line checks recipes before loading torch):
+torch and Lightning are imported inside the methods that run in a training process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+
+if TYPE_CHECKING:
+    import torch
+    from lightning.fabric import Fabric
+    from lightning.fabric.strategies import Strategy
+    from torch import nn
+
+MakeOptimizer = Callable[["nn.Module"], "torch.optim.Optimizer"]
+
+
+@dataclass(frozen=True)
+class GpuRequirement:
+    """Why a recipe can only run on GPUs: the field that asks for it and what it needs."""
+
+    field: str  # "strategy.name=deepspeed"
+    needs: str  # "CUDA GPUs"
+    why: str  # "Fabric runs strategy deepspeed only on GPUs"
+    remedy: str  # "choose ddp, fsdp2 or hsdp"
+    capability: tuple[int, int] | None = None  # minimum CUDA compute capability
+    package: str | None = None  # a module that must be importable on the GPU machine
+
+
+@dataclass(frozen=True)
+class PlanOption:
+    """One way a strategy family can hold the training state, as `plan` weighs it (plan.py has the formulas)."""
+
+    name: str  # the candidate's name in plan's table and JSON: "zero3_offload"
+    stage: int  # the ZeRO stage its model states follow: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters
+    recipes: tuple[str, str, str]  # the library recipe a written plan starts from: (CPU, one node, several nodes)
+    why: str  # the sentence when it is recommended; may name {device}, {devices} and {offloaded}
+    comm_vs_ddp: float = 1.0  # data-parallel volume per micro-batch vs ddp's all-reduce (ZeRO paper, section 7)
+    tensor_parallel: int = 1  # devices that split each layer
+    offload: str = "none"  # none | cpu | nvme: where parameters and optimizer state live
+    hybrid: bool = False  # sharded inside a node, replicated across nodes (needs num_nodes >= 2)
+    runs_on_cpu: bool = True
+    sixteen_bit_module: bool = False  # mixed precision runs a 16-bit copy of the module: activations, collectives
+
+
+@dataclass(frozen=True)
+class PlanSizes:
+    """What an option's runtime terms are computed from: parameters on one device, and the run."""
+
+    parameters: float  # on one tensor-parallel rank
+    layer: float  # of one layer on it: what a sharded runtime gathers at a time
+    root: float  # outside the layers (embeddings, final norm, head)
+    precision: str
+    data_parallel: int  # ranks the model states are sharded over
+
+
+@dataclass(frozen=True)
+class PlanTerm:
+    """Bytes a runtime holds beyond the ZeRO paper's model states, per device."""
+
+    label: str
+    bytes: float
+    with_optimizer: bool = False  # offloaded with the optimizer state when the option offloads
+
+
+class TrainingStrategy:
+    """A strategy family behind the interface the loop uses; subclasses override what differs."""
+
+    name: ClassVar[str]  # strategy.name in a recipe
+    options_key: ClassVar[str | None] = None  # the strategy.<section> of this family's options
+    options_type: ClassVar[type | None] = None
+    checkpoint_layout: ClassVar[str] = "replicated"  # replicated | sharded (torch.distributed.checkpoint) | own
+    supports_meta_init: ClassVar[bool] = False
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+        self.config = recipe.strategy
+
+    @property
+    def options(self) -> Any:
+        """This family's options section (its defaults where the recipe has none)."""
+        if self.options_key is None or self.options_type is None:
+            return None
+        return getattr(self.config, self.options_key) or self.options_type()
+
+    # --- what a recipe may ask of it (no torch) -------------------------------------------------
+
+    def check(self) -> None:
+        """Refuse settings this family cannot run (raise RecipeError naming the field); rules of every
+        strategy (options sections, meta_init, hardware) are in recipe/checks.py."""
+
+    def gpu_requirement(self) -> GpuRequirement | None:
+        """What of this recipe needs GPUs, or None when it runs on CPU too."""
+        return None
+
+    def data_parallel_size(self) -> int:
+        """Replicas that each see their own batches (tensor-parallel peers share one)."""
+        return self.recipe.world_size
+
+    def plan_options(self) -> list[PlanOption]:
+        """The ways of holding the training state that `plan` compares for this family."""
+        return []
+
+    def plan_runtime_terms(self, option: PlanOption, sizes: PlanSizes) -> list[PlanTerm]:
+        """What this runtime holds per device beyond the paper's model states (buffers, extra copies)."""
+        return []
+
+    def plan_section(self, option: PlanOption, base: dict[str, Any]) -> dict[str, Any]:
+        """The keys of a recipe's `strategy:` section that select `option` (`base`: the library recipe's section)."""
+        return {"name": self.name}
+
+    def describe(self) -> str:
+        """The strategy in a few words, for `recipes validate`."""
+        return f"strategy {self.name}"
+
+    # --- what it does in a training process -----------------------------------------------------
+
+    def fabric_strategy(self) -> Strategy:
+        """The Fabric strategy object."""
+        raise NotImplementedError
+
+    def build_model(self, fabric: Fabric) -> nn.Module:
+        """The model, built on every rank from the same seed (the strategy shards or replicates it in `setup`)."""
+        from {{ cookiecutter.package_name }}.models import build_model
+
+        with fabric.init_module(empty_init=self.config.meta_init):
+            return build_model(self.recipe.model)
+
+    def setup(self, fabric: Fabric, model: nn.Module, make_optimizer: MakeOptimizer) -> tuple[Any, Any, Any]:
+        """(model, optimizer, the torch optimizer an LR scheduler drives), set up for this strategy."""
+        prepare_blocks(model, self.config)
+        model = fabric.setup_module(model)
+        optimizer = fabric.setup_optimizers(make_optimizer(model))
+        return model, optimizer, optimizer
+
+    @contextmanager
+    def no_backward_sync(self, fabric: Fabric, model: Any, enabled: bool) -> Iterator[None]:
+        """Skip the gradient reduction of a micro-batch that is not the last of its step."""
+        with fabric.no_backward_sync(model, enabled=enabled):
+            yield
+
+    def clip_and_step(self, fabric: Fabric, model: Any, optimizer: Any, max_norm: float) -> torch.Tensor | None:
+        """Clip the global gradient norm to `max_norm` (0: no clipping), step; return the norm before clipping."""
+        grad_norm = fabric.clip_gradients(model, optimizer, max_norm=max_norm) if max_norm > 0 else None
+        optimizer.step()
+        return grad_norm
+
+    def discard_gradients(self, fabric: Fabric) -> None:
+        """Drop what a skipped update leaves behind besides the gradients `zero_grad` clears (usually nothing)."""
+
+    def data_parallel_rank_and_size(self, fabric: Fabric) -> tuple[int, int]:
+        """This process's data-parallel rank and their number; tensor-parallel peers share a rank and a batch."""
+        sampler = getattr(fabric.strategy, "distributed_sampler_kwargs", None) or {}
+        return sampler.get("rank", fabric.global_rank), sampler.get("num_replicas", fabric.world_size)
+
+
+def prepare_blocks(model: Any, config: Any) -> Any:
+    """Activation checkpointing (every k-th block) and torch.compile per block, in place.
+
+    `model.blocks` is the repeated block every model family exposes (models/): the unit that is
+    sharded, checkpointed and compiled.
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for index, block in enumerate(model.blocks):
+        if config.activation_checkpointing and index % config.activation_checkpointing_every == 0:
+            # The wrapper's state-dict hooks drop its name, so checkpoints load with it on or off.
+            block = checkpoint_wrapper(block)
+        if config.compile:
+            block.compile()  # in place: parameter names, and so checkpoints, stay the same
+        model.blocks[index] = block
+    return model
+
+
+def gpu_only(name: str, package: str | None = None) -> GpuRequirement:
+    """What a strategy that Fabric runs only on CUDA GPUs requires."""
+    return GpuRequirement(
+        field=f"strategy.name={name}",
+        needs="CUDA GPUs",
+        why=f"Fabric runs strategy {name} only on GPUs",
+        remedy="choose ddp, fsdp2 or hsdp",
+        package=package,
+    )
+
+
+def process_group_options(recipe: Recipe) -> dict[str, Any]:
+    """The collective backend and timeout every Fabric strategy takes."""
+    from datetime import timedelta
+
+    return {
+        "process_group_backend": recipe.strategy.process_group_backend,
+        "timeout": timedelta(minutes=recipe.strategy.timeout_minutes),
+    }
+
+
+def divisors(number: int) -> str:
+    """'1, 2, 4 or 8': the values that divide `number`, for error messages."""
+    values = [str(d) for d in range(1, number + 1) if number % d == 0]
+    return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"

@@ -1,0 +1,44 @@
+"""DDP: every device holds the whole model and optimizer; gradients are all-reduced. Choose it when they fit."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from {{ cookiecutter.package_name }}.sizing import torch_model_states
+from {{ cookiecutter.package_name }}.strategies.base import (
+    PlanOption,
+    PlanSizes,
+    PlanTerm,
+    TrainingStrategy,
+    process_group_options,
+)
+
+if TYPE_CHECKING:
+    from lightning.fabric.strategies import Strategy
+
+
+class DDP(TrainingStrategy):
+    """Fabric's DDPStrategy."""
+
+    name = "ddp"
+    checkpoint_layout = "replicated"
+
+    def fabric_strategy(self) -> Strategy:
+        from lightning.fabric.strategies import DDPStrategy
+
+        return DDPStrategy(**process_group_options(self.recipe))
+
+    def plan_options(self) -> list[PlanOption]:
+        return [
+            PlanOption(
+                self.name,
+                stage=0,
+                recipes=("cpu-debug", "ddp-node", "ddp-node"),
+                why="every {device} holds the whole model, its optimizer state and activations, so nothing needs sharding",
+            )
+        ]
+
+    def plan_runtime_terms(self, option: PlanOption, sizes: PlanSizes) -> list[PlanTerm]:
+        # Fabric's DDP keeps gradient_as_bucket_view off: its buckets are a second copy of the gradients.
+        gradients = torch_model_states(sizes.parameters, sizes.precision, 0, 1).gradients
+        return [PlanTerm("DDP gradient buckets", gradients)]

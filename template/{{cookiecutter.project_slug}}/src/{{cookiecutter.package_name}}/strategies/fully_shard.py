@@ -1,0 +1,121 @@
+"""The in-process half of fsdp2/hsdp/tensor parallel (model_parallel.py): Fabric's ModelParallelStrategy,
+the `parallelize_fn` it calls with the model and the device mesh, and gradient clipping across meshes.
+
+The model brings its own facts (models/): `model.blocks`, the unit that is sharded, checkpointed and
+compiled, and `model.tensor_parallel_plan()`, how one block is split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, cast
+
+import torch
+from lightning.fabric.strategies import ModelParallelStrategy
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import parallelize_module
+
+from {{ cookiecutter.package_name }}.recipe.schema import StrategyConfig
+from {{ cookiecutter.package_name }}.strategies.base import prepare_blocks
+
+
+class ModelParallel(ModelParallelStrategy):
+    """Fabric's ModelParallelStrategy, clipping gradients that live on several device meshes (tensor parallel)."""
+
+    def clip_gradients_norm(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> torch.Tensor:
+        """Clip the global gradient norm over all meshes."""
+        self.precision.unscale_gradients(optimizer)
+        return clip_grad_norm(self.precision.main_params(optimizer), max_norm, norm_type, error_if_nonfinite)
+
+
+def sharding_meshes(device_mesh: DeviceMesh, hybrid_nodes: int) -> tuple[DeviceMesh, DeviceMesh]:
+    """The (data-parallel, tensor-parallel) meshes: 1-D data parallel, or 2-D (replicate, shard) for hsdp."""
+    if hybrid_nodes == 1:
+        return device_mesh["data_parallel"], device_mesh["tensor_parallel"]
+    data_parallel, tensor_parallel = device_mesh["data_parallel"].size(), device_mesh["tensor_parallel"].size()
+    # Same rank order as Fabric's (data_parallel, tensor_parallel) mesh, with data_parallel split in two.
+    mesh = init_device_mesh(
+        device_mesh.device_type,
+        (hybrid_nodes, data_parallel // hybrid_nodes, tensor_parallel),
+        mesh_dim_names=("replicate", "shard", "tensor_parallel"),
+    )
+    return mesh["replicate", "shard"], mesh["tensor_parallel"]
+
+
+def parallelize(
+    model: Any, device_mesh: DeviceMesh, config: StrategyConfig, num_nodes: int = 1, hybrid: bool = False
+) -> Any:
+    """Tensor parallel inside a node, then checkpointing/compile, then fully_shard per block and the root.
+
+    With `hybrid` (hsdp) a 2-D data-parallel mesh of one replica group per node makes fully_shard
+    shard inside a node and replicate across nodes.
+    """
+    data_mesh, tensor_mesh = sharding_meshes(device_mesh, num_nodes if hybrid else 1)
+    if config.fsdp2 is not None and config.fsdp2.float8:
+        convert_to_float8(model)
+    if tensor_mesh.size() > 1:
+        for block in model.blocks:
+            parallelize_module(block, tensor_mesh, model.tensor_parallel_plan())
+    prepare_blocks(model, config)
+    for block in model.blocks:
+        fully_shard(block, mesh=data_mesh)
+    # The root is gathered for the whole step anyway; keeping it unsharded after forward saves
+    # one all-gather per step (as torchtitan does).
+    fully_shard(model, mesh=data_mesh, reshard_after_forward=False)
+    if config.meta_init:
+        materialize(model, device_mesh.device_type)
+    return model
+
+
+def materialize(model: Any, device_type: str) -> None:
+    """Allocate a meta-device model's local shards and initialise them with the model's own init."""
+    device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    model.to_empty(device=device)
+    # The model's own init (GPT-2's) rather than Fabric's per-layer defaults; each rank fills its shards.
+    with torch.no_grad():
+        model.reset_parameters()
+
+
+def convert_to_float8(model: nn.Module) -> None:
+    """Swap the blocks' linear layers for torchao's float8 training layers (the head stays in high precision)."""
+    from torchao.float8 import convert_to_float8_training  # GPU-only extra: imported only when asked for
+
+    def in_blocks(module: nn.Module, name: str) -> bool:
+        return name.startswith("blocks.") and isinstance(module, nn.Linear)
+
+    convert_to_float8_training(model, module_filter_fn=in_blocks)
+
+
+def clip_grad_norm(
+    parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = True
+) -> torch.Tensor:
+    """torch's clip_grad_norm_ for parameters spread over several device meshes; returns the total norm.
+
+    Under tensor parallel the blocks' split layers live on the 2-D (data, tensor) mesh and the
+    other parameters on the 1-D data mesh, and torch's version cannot combine norms across meshes.
+    """
+    by_mesh: dict[DeviceMesh | None, list[nn.Parameter]] = {}
+    for param in parameters:
+        if param.grad is not None:
+            by_mesh.setdefault(param.grad.device_mesh if isinstance(param.grad, DTensor) else None, []).append(param)
+    norms = []
+    for params in by_mesh.values():
+        grads = [cast(torch.Tensor, p.grad) for p in params]  # every one is set: grouped above
+        norm = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if not norms:
+        return torch.zeros(())
+    total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+    for params in by_mesh.values():
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total

@@ -1,0 +1,169 @@
+"""FSDP2, HSDP and tensor parallel: torch's fully_shard per block (and DTensor tensor parallel inside a node)
+through Fabric's ModelParallelStrategy. FSDP2 is the default sharded strategy; it runs on CPU (gloo) too.
+
+The in-process half (the parallelize_fn, device meshes, clipping across meshes) is `fully_shard.py`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.recipe.schema import Fsdp2Options
+from {{ cookiecutter.package_name }}.sizing import torch_model_states
+from {{ cookiecutter.package_name }}.strategies.base import (
+    GpuRequirement,
+    MakeOptimizer,
+    PlanOption,
+    PlanSizes,
+    PlanTerm,
+    TrainingStrategy,
+    divisors,
+    process_group_options,
+)
+
+if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+    from lightning.fabric.strategies import Strategy
+    from torch import nn
+
+SHARDED_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-true")
+FLOAT8_CAPABILITY = (8, 9)  # Ada (L4, L40) and Hopper (H100, H200) and newer have float8 tensor cores
+
+
+class FSDP2(TrainingStrategy):
+    """Parameters, gradients and optimizer state sharded per transformer block over all ranks (ZeRO-3-like)."""
+
+    name = "fsdp2"
+    options_key = "fsdp2"
+    options_type = Fsdp2Options
+    checkpoint_layout = "sharded"
+    supports_meta_init = True
+    hybrid = False  # hsdp: shard inside a node, replicate across nodes
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.options.tensor_parallel_size
+
+    def check(self) -> None:
+        recipe, tensor_parallel = self.recipe, self.tensor_parallel_size
+        if tensor_parallel < 1:
+            raise RecipeError(f"strategy.fsdp2.tensor_parallel_size={tensor_parallel} must be >= 1")
+        if recipe.devices % tensor_parallel:
+            raise RecipeError(
+                f"strategy.fsdp2.tensor_parallel_size={tensor_parallel} does not divide devices={recipe.devices}"
+                f" (tensor parallel stays inside a node: choose {divisors(recipe.devices)})"
+            )
+        for key, size in recipe.model.tensor_parallel_dimensions().items():
+            if size % tensor_parallel:
+                raise RecipeError(
+                    f"strategy.fsdp2.tensor_parallel_size={tensor_parallel} does not divide model.{key}={size}"
+                    " (each tensor-parallel rank holds an equal share of heads and width)"
+                )
+        if self.options.float8 and tensor_parallel > 1:
+            raise RecipeError(
+                "strategy.fsdp2.float8=true works with strategy.fsdp2.tensor_parallel_size=1 only (float8 + FSDP2)"
+            )
+        if self.hybrid and recipe.num_nodes < 2:
+            raise RecipeError(
+                f"strategy.name={self.name} needs num_nodes >= 2 (it shards inside a node and replicates across"
+                " nodes); on one node choose fsdp2"
+            )
+        if recipe.precision not in SHARDED_PRECISIONS:
+            raise RecipeError(
+                f"precision={recipe.precision} is not supported with strategy.name={self.name}"
+                f" (choose {', '.join(SHARDED_PRECISIONS)})"
+            )
+
+    def gpu_requirement(self) -> GpuRequirement | None:
+        if not self.options.float8:
+            return None
+        return GpuRequirement(
+            field="strategy.fsdp2.float8=true",
+            needs="GPUs",
+            why="float8 needs compute capability 8.9+",
+            remedy="set it false",
+            capability=FLOAT8_CAPABILITY,
+            package="torchao",
+        )
+
+    def data_parallel_size(self) -> int:
+        return self.recipe.world_size // self.tensor_parallel_size
+
+    def describe(self) -> str:
+        text = f"strategy {self.name}"
+        return text + f" x tensor parallel {self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else text
+
+    def plan_options(self) -> list[PlanOption]:
+        tensor_parallel = [
+            PlanOption(
+                f"{self.name}_tp{size}",
+                stage=3,
+                recipes=("cpu-tp-debug", "fsdp2-tp-multinode", "fsdp2-tp-multinode"),
+                why="one layer's activations ({layer_activations}) do not fit beside the sharded states;"
+                " splitting each layer over {tensor_parallel} {device_plural} does",
+                comm_vs_ddp=1.5,
+                tensor_parallel=size,
+            )
+            for size in (2, 4, 8)
+        ]
+        sharded = PlanOption(
+            self.name,
+            stage=3,
+            recipes=("cpu-debug", "fsdp2-node", "fsdp2-multinode"),
+            why=f"the parameters must be sharded too (1.5x ddp's communication); {self.name} is the default for that",
+            comm_vs_ddp=1.5,
+        )
+        return [sharded, *tensor_parallel]
+
+    def plan_runtime_terms(self, option: PlanOption, sizes: PlanSizes) -> list[PlanTerm]:
+        # Under bf16-mixed the parameters stay fp32 (autocast, no MixedPrecisionPolicy), so a gathered layer is fp32.
+        weight = torch_model_states(1, sizes.precision, 0, 1).parameters
+        return [
+            PlanTerm("gathered layer, current and prefetched", 2 * weight * sizes.layer),
+            PlanTerm("its unsharded gradient", weight * sizes.layer),
+            PlanTerm(
+                "root (embeddings, head) gathered for the step", weight * sizes.root * (1 - 1 / sizes.data_parallel)
+            ),
+        ]
+
+    def plan_section(self, option: PlanOption, base: dict[str, Any]) -> dict[str, Any]:
+        return {"name": self.name, "fsdp2": {"tensor_parallel_size": option.tensor_parallel, "float8": False}}
+
+    def fabric_strategy(self) -> Strategy:
+        from {{ cookiecutter.package_name }}.strategies.fully_shard import ModelParallel, parallelize
+
+        return ModelParallel(
+            parallelize_fn=partial(
+                parallelize, config=self.config, num_nodes=self.recipe.num_nodes, hybrid=self.hybrid
+            ),
+            data_parallel_size=self.data_parallel_size(),
+            tensor_parallel_size=self.tensor_parallel_size,
+            **process_group_options(self.recipe),
+        )
+
+    def setup(self, fabric: Fabric, model: nn.Module, make_optimizer: MakeOptimizer) -> tuple[Any, Any, Any]:
+        # Checkpointing and compile are applied inside the parallelize_fn, between tensor parallel and sharding.
+        model = fabric.setup_module(model)
+        optimizer = fabric.setup_optimizers(make_optimizer(model))
+        return model, optimizer, optimizer
+
+
+class HSDP(FSDP2):
+    """FSDP2 on a (replicate, shard) mesh: sharded inside a node, replicated across nodes."""
+
+    name = "hsdp"
+    hybrid = True
+
+    def plan_options(self) -> list[PlanOption]:
+        return [
+            PlanOption(
+                self.name,
+                stage=3,
+                recipes=("cpu-hsdp-debug", "hsdp-multinode", "hsdp-multinode"),
+                why="sharding inside a node is enough, so only 1/{devices} of the gradients crosses the links between nodes",
+                comm_vs_ddp=1.5,
+                hybrid=True,
+            )
+        ]

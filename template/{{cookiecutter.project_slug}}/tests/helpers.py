@@ -1,0 +1,161 @@
+"""What the tests share: the command line run as a user runs it, one builder of `train` arguments, and readers
+of what a run wrote. Test files import from here (`from helpers import ...`)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+PROJECT = Path(__file__).resolve().parents[1]
+PACKAGE = "{{ cookiecutter.package_name }}"
+RECIPES = PROJECT / "recipes"
+
+# A model and run small enough for 2 CPU cores; every e2e test starts from cpu-debug plus these.
+TINY = [
+    "--model.n_layer",
+    "2",
+    "--model.n_embd",
+    "64",
+    "--model.n_head",
+    "2",
+    "--model.block_size",
+    "64",
+    "--train.micro_batch_size",
+    "4",
+    "--eval.batches",
+    "2",
+    "--logger.log_every_steps",
+    "1",
+]
+
+# What every run logs with any logger (CPU runs: no GPU memory figures).
+LOGGED_METRICS = {
+    "train/loss",
+    "train/lr",
+    "train/grad_norm",
+    "throughput/tokens_per_second",
+    "throughput/tokens_per_second_per_device",
+    "throughput/samples_per_second",
+    "throughput/samples_per_second_per_device",
+    "throughput/flops_per_token",
+    "throughput/tflops_per_second_per_device",
+    "throughput/mfu",
+    "memory/host_peak_rss_gib",
+    "time/data_wait_seconds",
+    "time/data_wait_fraction",
+    "time/checkpoint_save_seconds",
+    "val/loss",
+    "val/perplexity",
+}
+
+
+def cli_env() -> dict[str, str]:
+    """Environment for a CLI subprocess: the package importable, W&B offline and quiet."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT / "src"), env.get("PYTHONPATH")]))
+    env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"})
+    env.pop("WANDB_API_KEY", None)
+    return env
+
+
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 600, fault: str = "", script: Path | None = None
+) -> subprocess.CompletedProcess:
+    """Run `python -m <package> ARGS` (or `python SCRIPT ARGS`) in its own session, so an injected fault kills
+    only it; capture its output."""
+    env = cli_env()
+    if fault:
+        env["TRAIN_FAULT"] = fault
+    return subprocess.run(
+        [sys.executable, *([str(script)] if script else ["-m", PACKAGE]), *args],
+        cwd=cwd or PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        start_new_session=True,
+    )
+
+
+def read_csv_metrics(out_dir: Path) -> list[dict[str, str]]:
+    """Rows of every CSV metrics file a run wrote, in version order."""
+    rows: list[dict[str, str]] = []
+    for path in sorted(out_dir.glob("csv/version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1])):
+        with path.open() as handle:
+            rows.extend(csv.DictReader(handle))
+    return rows
+
+
+def losses_by_run(out_dir: Path) -> list[dict[int, float]]:
+    """step -> training loss, one dict per run (CSV version) into out_dir."""
+    runs = []
+    for path in sorted(out_dir.glob("csv/version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1])):
+        with path.open() as handle:
+            runs.append({int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(handle) if r.get("train/loss")})
+    return runs
+
+
+def train_losses(out_dir: Path) -> dict[int, float]:
+    """step -> logged training loss, over all runs into out_dir."""
+    return {int(row["step"]): float(row["train/loss"]) for row in read_csv_metrics(out_dir) if row.get("train/loss")}
+
+
+def recipe_args(out_dir: Path, *overrides: str) -> list[str]:
+    """The cpu-debug recipe with the TINY model and CSV logs in out_dir, then the test's own overrides."""
+    return [
+        "--config",
+        str(RECIPES / "cpu-debug.yaml"),
+        *TINY,
+        "--out_dir",
+        str(out_dir),
+        "--logger.name",
+        "csv",
+        *overrides,
+    ]
+
+
+def train_args(out_dir: Path, *overrides: str) -> list[str]:
+    """`train` arguments of the command line: `recipe_args` after the subcommand."""
+    return ["train", *recipe_args(out_dir, *overrides)]
+
+
+def fail_with(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run the CLI in-process, assert exit code 2 and a one-line error; return that line."""
+    from {{ cookiecutter.package_name }}.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for a rendezvous over loopback)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def final_weights(out_dir: Path, max_steps: int) -> dict[str, torch.Tensor]:
+    """The weights of a run's last checkpoint, which must be that of step max_steps."""
+    from {{ cookiecutter.package_name }}.checkpoint import consolidate, find_latest
+
+    latest = find_latest(out_dir / "checkpoints")
+    assert latest is not None and latest.name == f"step-{max_steps:08d}"
+    return consolidate(latest, out_dir / "weights.pt")
+
+
+def executable(path: Path, text: str) -> None:
+    """Write a script (a stub of srun or scontrol) and make it executable."""
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)

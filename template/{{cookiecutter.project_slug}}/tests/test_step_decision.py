@@ -1,0 +1,94 @@
+"""What the ranks decide together each step: apply, skip or stop the update (NaN/inf loss), preempted (a stop signal
+on some rank: save, requeue on SLURM, exit 75), and whether a time-based save is due.
+
+No SLURM here: `scontrol` is a stub on PATH that records its arguments.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers import RECIPES, executable
+
+from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError
+from {{ cookiecutter.package_name }}.preemption import Preemption
+from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
+from {{ cookiecutter.package_name }}.step_decision import StepDecision, Update, decide, nonfinite_loss_stop
+
+
+class OneProcess(SimpleNamespace):
+    """The part of Fabric that the step decision uses, for a single process."""
+
+    device = torch.device("cpu")
+    global_rank = 0
+
+    def all_reduce(self, tensor: torch.Tensor, reduce_op: str) -> torch.Tensor:
+        return tensor
+
+
+@pytest.fixture
+def restore_signal_handlers() -> None:
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGUSR1, signal.SIGTERM)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+@pytest.mark.usefixtures("restore_signal_handlers")
+def test_a_signal_only_sets_a_flag_and_rank_zero_requeues_the_slurm_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    executable(tmp_path / "scontrol", f'#!/bin/sh\necho "$@" >> {tmp_path / "calls.txt"}\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "99")
+    preemption = Preemption()
+    assert not decide(OneProcess(), torch.tensor(1.0), "stop", preemption.received, False).preempted
+    os.kill(os.getpid(), signal.SIGUSR1)  # the process survives: the handler only records it
+    decision = decide(OneProcess(), torch.tensor(1.0), "stop", preemption.received, False)
+    assert decision.stop_signal == signal.SIGUSR1 and decision.preempted
+    stopped = preemption.requeue(step=12, agreed_signal=decision.stop_signal, rank=0)
+    assert stopped.exit_code == ExitCode.REQUEUE
+    assert (
+        str(stopped)
+        == "preempted by SIGUSR1 at step 12, checkpoint saved; requeued SLURM job 99, it resumes from this checkpoint"
+    )
+    assert (tmp_path / "calls.txt").read_text() == "requeue 99\n"
+
+
+@pytest.mark.usefixtures("restore_signal_handlers")
+def test_outside_slurm_a_signal_stops_without_requeueing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    preemption = Preemption()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert decide(OneProcess(), torch.tensor(1.0), "stop", preemption.received, False).preempted
+    assert "not a SLURM job, so nothing is requeued" in str(preemption.requeue(3, signal.SIGTERM, rank=0))
+
+
+def test_the_step_decision_stops_or_skips_on_nan_and_inf_and_passes_finite_losses() -> None:
+    def update(policy: str, loss: float) -> Update:
+        return decide(OneProcess(), torch.tensor(loss), policy, 0, False).update
+
+    assert update("stop", 2.5) is Update.APPLY
+    assert update("stop", float("inf")) is Update.STOP
+    stopped = nonfinite_loss_stop(5)
+    assert stopped.exit_code == ExitCode.NONFINITE_LOSS and str(stopped).startswith(
+        "loss is NaN or infinite at step 5 "
+    )
+    assert update("skip", float("nan")) is Update.SKIP
+    assert update("skip", 2.5) is Update.APPLY
+
+
+def test_one_step_decision_carries_each_flag_as_its_own_max() -> None:
+    decision = decide(OneProcess(), torch.tensor([1.0, float("-inf")]), "skip", signal.SIGTERM, True)
+    assert decision == StepDecision(update=Update.SKIP, stop_signal=signal.SIGTERM, save_due=True)
+    assert decide(OneProcess(), torch.tensor(3.0), "skip", 0, False) == StepDecision(Update.APPLY, 0, False)
+
+
+def test_on_nonfinite_loss_accepts_stop_or_skip_only() -> None:
+    with pytest.raises(RecipeError, match=r"train.on_nonfinite_loss: 'ignore' is not allowed \(choose one of"):
+        parse_recipe(["--config", str(RECIPES / "cpu-debug.yaml"), "--train.on_nonfinite_loss", "ignore"])
