@@ -40,12 +40,13 @@ def assert_ruff_clean(project: Path) -> None:
 def test_default_answers_give_the_documented_layout(default_project: Path) -> None:
     assert default_project.name == "my-project"
     package = default_project / "src" / "my_project"
-    modules = {"cli", "errors", "run", "train", "optim", "data", "checkpoint", "observe", "step_decision"}
+    modules = {"cli", "errors", "run", "train", "optim", "checkpoint", "observe", "step_decision", "sample"}
     assert modules <= {p.stem for p in package.glob("*.py")}
     for subpackage, members in {
         "recipe": {"schema", "load", "checks", "library"},
         "strategies": {"base", "ddp", "model_parallel", "fsdp1", "deepspeed"},
         "models": {"gpt"},
+        "data": {"sources", "sampler", "prepared", "prepare", "tokenizer"},
     }.items():
         assert members <= {p.stem for p in (package / subpackage).glob("*.py")}, subpackage
     for extra in (

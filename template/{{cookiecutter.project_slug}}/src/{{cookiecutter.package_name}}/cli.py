@@ -1,4 +1,5 @@
-"""Command line: `train`, `recipes list|show|copy|validate`, `plan`, `checkpoint list|inspect|consolidate`, `slurm`.
+"""Command line: `train`, `recipes list|show|copy|validate`, `plan`, `checkpoint list|inspect|consolidate`, `slurm`,
+`prepare`, `sample`.
 
 Parse and dispatch only (the commands live in train.py, commands.py and recipe/library.py). Every user
 error ends in one line on stderr naming what is wrong and what is allowed, exit code 2 (errors.py).
@@ -65,6 +66,26 @@ def build_parser() -> ArgumentParser:
     slurm.add_argument("--job_name", default=PROG, help="Job name.")
     slurm.add_argument("--cpus_per_task", type=int, default=8, help="CPU cores per task (data loading, threads).")
     commands.add_subcommand("slurm", slurm, help=f"Write an sbatch script: {PROG} slurm RECIPE > job.sbatch.")
+
+    preparer = ArgumentParser(exit_on_error=False, description="Tokenize .txt/.jsonl/.parquet files into token shards.")
+    preparer.add_argument("inputs", nargs="+", help="Folders, files or globs of .txt, .jsonl and .parquet files.")
+    preparer.add_argument("--out", required=True, help="Folder to write (must not exist); data.path of the recipe.")
+    preparer.add_argument("--tokenizer", default=None, help="A Hugging Face tokenizer.json to tokenize with.")
+    preparer.add_argument("--train-tokenizer", type=int, default=None, help="Train a byte-level BPE of this size.")
+    preparer.add_argument("--text-field", default="text", help="Text field of .jsonl records / column of .parquet.")
+    preparer.add_argument("--val-fraction", type=float, default=0.01, help="Share of tokens held out.")
+    preparer.add_argument("--workers", type=int, default=None, help="Tokenizing processes (default: every core).")
+    preparer.add_argument("--shard-tokens", type=int, default=1 << 28, help="Tokens per shard file.")
+    commands.add_subcommand("prepare", preparer, help="Text -> token shards (data.source=prepared).")
+
+    sampler = ArgumentParser(exit_on_error=False, description="Continue a prompt with a trained checkpoint.")
+    sampler.add_argument("checkpoint", help="A checkpoint folder, or a run: its newest.")
+    sampler.add_argument("--prompt", default="", help="Text to continue (empty: start a new document).")
+    sampler.add_argument("--max-new-tokens", type=int, default=200, help="Tokens to generate.")
+    sampler.add_argument("--temperature", type=float, default=0.8, help="Sampling temperature (0: greedy).")
+    sampler.add_argument("--top-k", type=int, default=200, help="Sample among the k most likely tokens only.")
+    sampler.add_argument("--seed", type=int, default=0, help="Seed of the sampling.")
+    commands.add_subcommand("sample", sampler, help="Print what a checkpoint's model writes after a prompt.")
     return parser
 
 
@@ -89,6 +110,10 @@ def dispatch(argv: list[str]) -> None:
 
     if args.command == "slurm":
         commands.print_sbatch(args.slurm)
+    elif args.command == "prepare":
+        commands.prepare_data(args.prepare)
+    elif args.command == "sample":
+        commands.print_sample(args.sample)
     elif args.command == "checkpoint":
         sub = args.checkpoint
         if sub.action == "list":

@@ -47,6 +47,10 @@ def validate_recipes(files: list[str]) -> None:
         path = find_recipe(name)
         recipe = load_recipe(path)
         print(f"ok: {path}: {describe(recipe)}")
+        if recipe.data.source == "prepared":
+            from {{ cookiecutter.package_name }}.data.sources import describe_prepared  # imports numpy only
+
+            print(f"    {describe_prepared(recipe.data, recipe.model)}")
 
 
 def folder_size(path: Path) -> int:
@@ -248,3 +252,26 @@ def print_sbatch(args: Any) -> None:
         sbatch_script(recipe, str(path), args.time, args.partition, args.account, args.job_name, args.cpus_per_task),
         end="",
     )
+
+
+def prepare_data(args: Any) -> None:
+    """Tokenize the inputs into a prepared folder and say how to train on it."""
+    from {{ cookiecutter.package_name }}.data.prepare import prepare  # imports tokenizers and numpy, not torch
+
+    manifest = prepare(
+        args.inputs, args.out, args.tokenizer, args.train_tokenizer, args.text_field, args.val_fraction,
+        args.workers, args.shard_tokens,
+    )  # fmt: skip
+    vocab = manifest["tokenizer"]["vocab_size"]
+    print(
+        f"Prepared {manifest['documents']:,} documents, {manifest['tokens']:,} tokens ({manifest['dtype']}) in"
+        f" {len(manifest['shards'])} shard(s) at {args.out}; validation: {manifest['validation']['tokens']:,} tokens"
+    )
+    print(f"Train on it: data.source: prepared, data.path: {args.out}, model.vocab_size: >= {vocab}")
+
+
+def print_sample(args: Any) -> None:
+    """Print a checkpoint's continuation of a prompt."""
+    from {{ cookiecutter.package_name }}.sample import sample  # imports torch
+
+    print(sample(args.checkpoint, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed))

@@ -17,7 +17,7 @@ from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger
 
 from {{ cookiecutter.package_name }}.checkpoint import checkpoint_root, load_checkpoint, read_meta, resolve_resume
-from {{ cookiecutter.package_name }}.data import Batch, TrainBatches, load_tokens, split_tokens, validation_batches
+from {{ cookiecutter.package_name }}.data import Batch, TrainBatches, load_splits, validation_batches
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.launchers import check_launcher, join_restarted_torchrun_group, start_processes
 from {{ cookiecutter.package_name }}.observe import build_loggers, new_run_id
@@ -76,8 +76,7 @@ def build_fabric(recipe: Recipe, strategy: TrainingStrategy, loggers: list[Logge
 def setup(recipe: Recipe) -> Run:
     """Launch the processes and build everything the loop trains; resumes from a checkpoint if the recipe says so."""
     strategy = strategy_for(recipe)
-    tokens = load_tokens(recipe.data)
-    train_tokens, val_tokens = split_tokens(tokens, recipe.data.val_fraction, recipe.model.block_size)
+    train_tokens, val_tokens = load_splits(recipe.data, recipe.model)
     resume_from = resolve_resume(recipe)
     # A resumed or requeued job appends to the W&B run of its checkpoint instead of starting a new one.
     run_id = (read_meta(resume_from).get("wandb_run_id") if resume_from else None) or new_run_id()

@@ -47,7 +47,7 @@ def train(recipe: Recipe) -> None:
     model.train()
     while state["step"] < max_steps:
         loss_sum = torch.zeros((), device=fabric.device)
-        for micro_step, (inputs, targets) in enumerate(monitor.timed(run.batches.next_step())):
+        for micro_step, (inputs, targets) in enumerate(monitor.timed(run.batches.iter_step())):
             inputs, targets = fabric.to_device((inputs, targets))
             # Gradients are synchronised only on the last micro-batch of the step.
             with strategy.no_backward_sync(fabric, model, enabled=micro_step < accumulate - 1):

@@ -144,13 +144,16 @@ class DataConfig:
 
     Args:
         source: embedded (a corpus made in code, offline, no download), text (a folder of .txt
-            files, byte-level tokens) or tokens (a flat binary file of token ids, read by memory map).
-        path: The folder (text) or file (tokens); unused for embedded.
-        token_dtype: Integer type of the token file (uint16 for vocabularies up to 65536).
-        val_fraction: Fraction of the tokens held out, at the end, for validation.
+            files, byte-level tokens), tokens (a flat binary file of token ids, read by memory map)
+            or prepared (a folder written by `prepare`: token shards, tokenizer, manifest).
+        path: The folder (text, prepared) or file (tokens); unused for embedded.
+        token_dtype: Integer type of the token file (uint16 for vocabularies up to 65536); a
+            prepared folder states its own.
+        val_fraction: Fraction of the tokens held out, at the end, for validation; a prepared
+            folder brings its own split (`prepare --val-fraction`).
     """
 
-    source: Literal["embedded", "text", "tokens"] = "embedded"
+    source: Literal["embedded", "text", "tokens", "prepared"] = "embedded"
     path: str | None = None
     token_dtype: Literal["uint16", "uint32"] = "uint16"
     val_fraction: float = 0.1

@@ -1,0 +1,118 @@
+"""Where tokens come from: embedded demo text, a folder of text files, a token file, or a prepared folder."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from {{ cookiecutter.package_name }}.data.prepared import ShardedTokens, open_prepared, read_manifest, verify
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.recipe.schema import DataConfig, ModelConfig
+
+
+def make_demo_text(num_sentences: int = 6000, seed: int = 0) -> str:
+    """A small English-like corpus made from a grammar: offline, deterministic, quickly learnable."""
+    rng = random.Random(seed)
+    subjects = ["the fox", "a little bird", "the old sailor", "my sister", "the robot", "a tired cat"]
+    subjects += ["the farmer", "our teacher", "the young queen", "a hungry bear"]
+    verbs = ["sees", "follows", "paints", "carries", "remembers", "builds", "finds", "loves"]
+    objects = ["the river", "a red apple", "the quiet house", "a long letter", "the bright moon"]
+    objects += ["an empty boat", "the green hill", "a wooden box", "the morning train"]
+    places = ["in the garden", "near the sea", "after dinner", "before sunrise", "under the bridge"]
+    numbers = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    lines = []
+    for _ in range(num_sentences):
+        if rng.random() < 0.2:
+            a, b = rng.randrange(5), rng.randrange(5)
+            lines.append(f"{numbers[a]} plus {numbers[b]} is {numbers[a + b]}.")
+        else:
+            sentence = f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}"
+            if rng.random() < 0.5:
+                sentence += f" {rng.choice(places)}"
+            lines.append(sentence[0].upper() + sentence[1:] + ".")
+    return "\n".join(lines) + "\n"
+
+
+def load_tokens(config: DataConfig) -> np.ndarray | ShardedTokens:
+    """All tokens of the data source as a 1-D integer array (a memory map for token files and prepared shards)."""
+    if config.source == "prepared":
+        return open_prepared(Path(config.path or ""))[0]
+    if config.source == "embedded":
+        return np.frombuffer(make_demo_text().encode("utf-8"), dtype=np.uint8)
+    path = Path(config.path or "")
+    if config.source == "text":
+        files = sorted(path.rglob("*.txt")) if path.is_dir() else []
+        if not files:
+            raise RecipeError(
+                f"data.path={str(path)!r}: no .txt files found (data.source=text needs a folder of .txt files)"
+            )
+        text = "\n\n".join(file.read_text(encoding="utf-8", errors="replace") for file in files)
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    if not path.is_file():
+        raise RecipeError(
+            f"data.path={str(path)!r}: token file not found (data.source=tokens needs a file of {config.token_dtype} ids)"
+        )
+    return np.memmap(path, dtype=np.dtype(config.token_dtype), mode="r")
+
+
+def load_splits(config: DataConfig, model: ModelConfig) -> tuple[Any, Any]:
+    """(training, validation) tokens of the data source; refuses data the model cannot read or that is too short.
+
+    Prepared folders bring their own split (written by `prepare`) and vocabulary, checked against
+    model.vocab_size; the other sources hold out the last data.val_fraction of their tokens.
+    """
+    if config.source != "prepared":
+        return split_tokens(load_tokens(config), config.val_fraction, model.block_size)
+    tokens, manifest = open_prepared(Path(config.path or ""))
+    _check_vocab_size(config, model, manifest)
+    boundary = manifest["validation"]["first_token"]
+    train, val = tokens.view(0, boundary), tokens.view(boundary, len(tokens))
+    return _long_enough(
+        train, val, model.block_size, hint="prepare more data, or prepare again with another --val-fraction"
+    )
+
+
+def describe_prepared(config: DataConfig, model: ModelConfig) -> str:
+    """One line on a recipe's prepared folder (for `recipes validate`); refuses one the model cannot train on.
+
+    Checks the manifest, the files' sizes and the vocabulary, not the checksums (train does): it is quick.
+    """
+    folder = Path(config.path or "")
+    if not folder.exists() and not folder.with_name(folder.name + ".partial").exists():
+        return f"data: {folder} is not prepared yet (prepare INPUTS --out {folder} before training)"
+    manifest = read_manifest(folder)
+    verify(folder, manifest, checksums=False)
+    _check_vocab_size(config, model, manifest)
+    return (
+        f"data: {manifest['tokens']:,} tokens in {len(manifest['shards'])} shard(s) at {folder}, vocabulary"
+        f" {manifest['tokenizer']['vocab_size']}, validation {manifest['validation']['tokens']:,} tokens"
+    )
+
+
+def _check_vocab_size(config: DataConfig, model: ModelConfig, manifest: dict[str, Any]) -> None:
+    vocab_size = manifest["tokenizer"]["vocab_size"]
+    if model.vocab_size < vocab_size:
+        raise RecipeError(
+            f"model.vocab_size={model.vocab_size} is smaller than the vocabulary of data.path={config.path!r}"
+            f" ({vocab_size} tokens, manifest.json): set model.vocab_size >= {vocab_size}"
+        )
+
+
+def split_tokens(tokens: Any, val_fraction: float, block_size: int) -> tuple[Any, Any]:
+    """Hold out the last `val_fraction` of the tokens (an array, or shards read as one) for validation."""
+    num_val = int(len(tokens) * val_fraction)
+    train, val = tokens[: len(tokens) - num_val], tokens[len(tokens) - num_val :]
+    return _long_enough(train, val, block_size, hint="use more data or change data.val_fraction")
+
+
+def _long_enough(train: Any, val: Any, block_size: int, hint: str) -> tuple[Any, Any]:
+    for name, part in (("training", train), ("validation", val)):
+        if len(part) <= block_size:
+            raise RecipeError(
+                f"data: the {name} split has {len(part)} tokens, fewer than one sequence of"
+                f" model.block_size={block_size}+1 ({hint})"
+            )
+    return train, val

@@ -1,0 +1,118 @@
+"""`sample`: continue a prompt with a trained checkpoint and print the text, to see what the model learned.
+
+The model is built from the checkpoint's own config.yaml and loaded from its full state (sharded or
+not). Text goes in and out through the tokenizer of the prepared folder the run trained on, or as
+UTF-8 bytes for the byte-level sources (embedded, text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from {{ cookiecutter.package_name }}.checkpoint import find_latest, load_full_state, problem_with
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.models import build_model
+from {{ cookiecutter.package_name }}.recipe.load import load_recipe
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+
+# Module wrappers that activation checkpointing and torch.compile can leave in parameter names.
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def resolve_checkpoint(name: str) -> Path:
+    """A checkpoint folder from a step folder, a checkpoints folder, a run's out_dir, or `<...>/latest`."""
+    path = Path(name)
+    if path.name == "latest":
+        path = path.parent
+    if not (path / "meta.json").is_file() and not path.name.endswith(".partial"):
+        root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+        latest = find_latest(root) if root.is_dir() else None
+        if latest is None:
+            raise RecipeError(
+                f"checkpoint {name!r}: no complete checkpoint there (a step folder, checkpoints/, or a run)"
+            )
+        path = latest
+    if problem := problem_with(path):
+        raise RecipeError(f"checkpoint {name!r}: not a complete checkpoint: {problem}")
+    return path
+
+
+def load_model(path: Path) -> tuple[torch.nn.Module, Recipe]:
+    """The trained model of a checkpoint folder, in eval mode on CPU, and the recipe it was trained with."""
+    recipe = load_recipe(path / "config.yaml")
+    model = build_model(recipe.model)
+    weights = {}
+    for key, value in load_full_state(path)["model"].items():
+        for prefix in WRAPPER_PREFIXES:
+            key = key.replace(prefix, "")
+        weights[key] = value
+    model.load_state_dict(weights)
+    return model.eval(), recipe
+
+
+def text_codec(recipe: Recipe) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str], int | None]:
+    """(encode, decode, end-of-document id) for the data a checkpoint was trained on."""
+    if recipe.data.source in ("embedded", "text"):
+        return (lambda text: list(text.encode("utf-8"))), _decode_bytes, None
+    if recipe.data.source == "prepared":
+        from {{ cookiecutter.package_name }}.data.prepared import TOKENIZER, read_manifest
+        from {{ cookiecutter.package_name }}.data.tokenizer import load_tokenizer
+
+        folder = Path(recipe.data.path or "")
+        manifest = read_manifest(folder, field="the checkpoint's data.path")
+        tokenizer = load_tokenizer(folder / TOKENIZER, option="tokenizer")
+        return (
+            lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
+            lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+            manifest["tokenizer"]["eos_id"],
+        )
+    raise RecipeError(
+        f"the checkpoint was trained on data.source={recipe.data.source}, which has no tokenizer to decode with"
+        " (sample reads prepared folders and the byte-level sources embedded and text)"
+    )
+
+
+def _decode_bytes(ids: list[int]) -> str:
+    return bytes(ids).decode("utf-8", errors="replace")
+
+
+@torch.no_grad()
+def generate(
+    model: Any, ids: list[int], max_new_tokens: int, temperature: float, top_k: int | None, seed: int
+) -> list[int]:
+    """`ids` continued by `max_new_tokens` sampled tokens (temperature 0: the most likely token each time)."""
+    generator = torch.Generator().manual_seed(seed)
+    sequence = torch.tensor([ids], dtype=torch.long)
+    for _ in range(max_new_tokens):
+        logits = model(sequence[:, -model.config.block_size :])[0, -1].float()
+        if temperature == 0:
+            next_id = logits.argmax().view(1)
+        else:
+            logits = logits / temperature
+            if top_k:
+                threshold = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+                logits = logits.masked_fill(logits < threshold, float("-inf"))
+            next_id = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+        sequence = torch.cat([sequence, next_id.view(1, 1)], dim=1)
+    return sequence[0].tolist()
+
+
+def sample(checkpoint: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None, seed: int) -> str:
+    """The prompt and its continuation by the model of a checkpoint, as text."""
+    if max_new_tokens < 1:
+        raise RecipeError(f"--max-new-tokens {max_new_tokens} must be >= 1")
+    if temperature < 0:
+        raise RecipeError(f"--temperature {temperature:g} must be >= 0 (0: always the most likely token)")
+    if top_k is not None and top_k < 1:
+        raise RecipeError(f"--top-k {top_k} must be >= 1 (or omitted: no limit)")
+    path = resolve_checkpoint(checkpoint)
+    model, recipe = load_model(path)
+    encode, decode, eos = text_codec(recipe)
+    ids = encode(prompt) if prompt else [eos] if eos is not None else encode("\n")
+    ids = ids[-recipe.model.block_size :]
+    continued = generate(model, ids, max_new_tokens, temperature, top_k, seed)
+    return decode(continued[1:] if not prompt and eos is not None else continued)
