@@ -51,7 +51,9 @@ def test_a_written_ddp_recipe_validates_and_trains_on_cpu(tmp_path: Path, capsys
     assert_validates_and_trains(target, tmp_path / "run")
 
 
-def test_a_written_sharded_recipe_validates_and_trains_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_written_sharded_recipe_validates_and_trains_on_cpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     options = {option["strategy"]: option for option in plan_json(capsys, "cpu-debug", *MODEL_AND_BATCH)["options"]}
     held = {
         name: option["model_state_bytes"] + option["runtime_extra_bytes"]
