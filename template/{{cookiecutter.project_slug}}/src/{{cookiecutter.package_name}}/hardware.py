@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-MIB = 2**20
-
 
 @dataclass(frozen=True)
 class Gpu:
