@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,9 @@ def checkpoint_tensor_reader(path: Path) -> tuple[set[str], Callable[[str], torc
         def read_sharded(name: str) -> torch.Tensor:
             entry: Any = metadata[keys[name]]
             tensor = torch.empty(entry.size, dtype=entry.properties.dtype)
-            load({keys[name]: tensor}, storage_reader=FileSystemReader(state), no_dist=True)
+            with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+                warnings.simplefilter("ignore", UserWarning)
+                load({keys[name]: tensor}, storage_reader=FileSystemReader(state), no_dist=True)
             return tensor
 
         return set(keys), read_sharded
@@ -68,7 +71,9 @@ def _clean(name: str) -> str:
     return name
 
 
-def hf_weights(recipe: Recipe, names: set[str], read: Callable[[str], torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+def hf_weights(
+    recipe: Recipe, names: set[str], read: Callable[[str], torch.Tensor]
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(Hugging Face name, tensor) for every tensor of the layout, made from the checkpoint one at a time."""
     for hf_name, spec in hf_tensors(recipe.model).items():
         if missing := [name for name in spec.sources if name not in names]:
@@ -78,7 +83,9 @@ def hf_weights(recipe: Recipe, names: set[str], read: Callable[[str], torch.Tens
         yield hf_name, (tensor.t() if spec.transpose else tensor).contiguous()
 
 
-def write_safetensors(weights: Iterator[tuple[str, torch.Tensor]], folder: Path, max_shard_bytes: int) -> dict[str, Any]:
+def write_safetensors(
+    weights: Iterator[tuple[str, torch.Tensor]], folder: Path, max_shard_bytes: int
+) -> dict[str, Any]:
     """Write the tensors into files of at most max_shard_bytes (one file if they fit); return dtype and counts."""
     from safetensors.torch import save_file
 

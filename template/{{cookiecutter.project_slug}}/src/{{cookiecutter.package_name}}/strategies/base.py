@@ -129,7 +129,9 @@ class TrainingStrategy:
         weights = {}
         if fabric.global_rank == 0:
             dtypes = {name: value.dtype for name, value in module.state_dict().items()}
-            weights = {name: value.to(dtypes.get(name, value.dtype)) for name, value in pretrained_tensors(self.recipe.model)}
+            weights = {
+                name: value.to(dtypes.get(name, value.dtype)) for name, value in pretrained_tensors(self.recipe.model)
+            }
         if not dist.is_initialized():
             module.load_state_dict(weights)
             return
