@@ -261,7 +261,7 @@ def pretrained_tensors(model: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]
     from safetensors import safe_open
 
     folder = Path(str(model.init_from))
-    location = {}
+    location: dict[str, Path] = {}
     for file in safetensors_files(folder):
         location |= dict.fromkeys(safetensors_shapes(file), file)
     for hf_name, tensor in hf_tensors(model).items():

@@ -126,7 +126,7 @@ class TrainingStrategy:
         from {{ cookiecutter.package_name }}.hf import pretrained_tensors
 
         module = model.module  # without Fabric's wrapper
-        weights = {}
+        weights: dict[str, Any] = {}
         if fabric.global_rank == 0:
             dtypes = {name: value.dtype for name, value in module.state_dict().items()}
             weights = {
