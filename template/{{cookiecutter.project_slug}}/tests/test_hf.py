@@ -4,6 +4,7 @@ an export loads in transformers with the same logits, export(import(x)) is x, an
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,7 @@ def save_checkpoint(model: torch.nn.Module, config: ModelConfig, folder: Path) -
     """A checkpoint folder as a one-process run writes it (whole state, config.yaml, meta.json)."""
     folder.mkdir(parents=True)
     torch.save({"model": model.state_dict(), "step": 1}, folder / "state")
-    (folder / "config.yaml").write_text(dump_recipe(Recipe(model=ModelConfig(**{**vars(config), "init_from": None}))))
+    (folder / "config.yaml").write_text(dump_recipe(Recipe(model=config)))
     (folder / "meta.json").write_text(json.dumps({"step": 1, "tokens_seen": 0, "strategy": "ddp", "world_size": 1}))
     return folder
 
@@ -77,11 +78,12 @@ def test_a_llama_saved_by_transformers_imports_with_the_same_logits(tmp_path: Pa
 def test_export_of_an_import_is_the_same_tensors_and_loads_in_transformers(tmp_path: Path) -> None:
     folder = save_hf_llama(tmp_path / "hf")
     model, config = imported(folder)
-    checkpoint = save_checkpoint(model, config, tmp_path / "run" / "step-00000001")
+    checkpoint = save_checkpoint(model, config, tmp_path / "run" / "step-00000001")  # its recipe names init_from
+    original = load_file(folder / "model.safetensors")
+    shutil.rmtree(folder)  # the weights are in the checkpoint now: export does not need init_from's folder
     exported = tmp_path / "exported"
     summary = export_hf(checkpoint, exported, max_shard_bytes=100_000)
     assert summary["files"] > 1 and (exported / "model.safetensors.index.json").is_file()  # split, with an index
-    original = load_file(folder / "model.safetensors")
     index = json.loads((exported / "model.safetensors.index.json").read_text())["weight_map"]
     again = {name: value for file in set(index.values()) for name, value in load_file(exported / file).items()}
     assert again.keys() == original.keys()

@@ -28,7 +28,7 @@ from lightning.fabric import Fabric
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.faults import fault_point
-from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
+from {{ cookiecutter.package_name }}.recipe.load import dump_recipe, parse_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.strategies import strategy_class
 
@@ -56,6 +56,12 @@ def problem_with(path: Path) -> str | None:
         if file.stat().st_size != size:
             return f"{name} has {file.stat().st_size} bytes, {META_FILE} says {size}"
     return None if (path / "state").exists() else "missing state"
+
+
+def checkpoint_recipe(path: Path) -> Recipe:
+    """The recipe a checkpoint folder was saved with. Its model.init_from is not checked again: the weights
+    are in the checkpoint now, and the folder they first came from may be gone."""
+    return parse_recipe(["--config", str(path / "config.yaml"), "--model.init_from", "null"])
 
 
 def read_meta(path: Path) -> dict[str, Any]:

@@ -19,11 +19,10 @@ from typing import Any
 
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint import read_meta
+from {{ cookiecutter.package_name }}.checkpoint import checkpoint_recipe, read_meta
 from {{ cookiecutter.package_name }}.data.prepared import MANIFEST, TOKENIZER
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.hf import CONFIG, INDEX, SINGLE_FILE, export_problem, hf_config, hf_tensors
-from {{ cookiecutter.package_name }}.recipe.load import load_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.strategies import strategy_class
 
@@ -140,7 +139,7 @@ def copy_tokenizer(recipe: Recipe, folder: Path) -> int | None:
 
 def export_hf(path: Path, out_dir: Path, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> dict[str, Any]:
     """Write a complete checkpoint folder as a Hugging Face model folder (to OUT.partial, renamed when done)."""
-    recipe = load_recipe(path / "config.yaml")
+    recipe = checkpoint_recipe(path)
     if problem := export_problem(recipe.model):
         raise RecipeError(f"checkpoint {path} cannot be exported to Hugging Face's format: {problem}")
     if out_dir.exists() and any(out_dir.iterdir()):
