@@ -3,7 +3,7 @@
 Same seed, same global batch of 8 sequences: ddp, FSDP2, HSDP, 2-way tensor parallel (which splits the
 4 query and 2 key/value heads) and DeepSpeed ZeRO-3 are the same computation. A killed run resumes
 bitwise, its checkpoints export to transformers with the same logits, and init_from loads the same
-weights on 1 and 2 processes.
+weights on 1 process and on 2 (FSDP2 built on the meta device, tensor parallel, ZeRO-3).
 """
 
 from __future__ import annotations
@@ -110,23 +110,47 @@ def test_an_exported_checkpoint_gives_transformers_the_same_logits(
         torch.testing.assert_close(exported(tokens).logits, model(tokens), atol=1e-5, rtol=0)
 
 
-def test_init_from_gives_the_same_first_step_loss_on_one_and_two_processes(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], float]:
+    """(train overrides starting from a saved transformers Llama, the first loss of that start on one process)."""
+    folder = tmp_path_factory.mktemp("pretrained") / "hf"
     config = transformers.LlamaConfig(
         vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-5,
     )  # fmt: skip
     torch.manual_seed(0)
-    pretrained = transformers.LlamaForCausalLM(config)
+    model = transformers.LlamaForCausalLM(config)
     with torch.no_grad():  # a head far from a fresh init's: a run that ignored the weights would start near ln(256)
-        pretrained.lm_head.weight.normal_(std=1.0)
-    pretrained.save_pretrained(tmp_path / "hf")
-    start = [*SHARED, "--model.init_from", str(tmp_path / "hf"), "--train.max_steps", "1"]
-    one = run_cli(*train_args(tmp_path / "one", *start, "--devices", "1", "--train.micro_batch_size", "8"))
+        model.lm_head.weight.normal_(std=1.0)
+    model.save_pretrained(folder)
+    start = [*SHARED, "--model.init_from", str(folder), "--train.max_steps", "1"]
+    out_dir = tmp_path_factory.mktemp("pretrained-one-process")
+    one = run_cli(*train_args(out_dir, *start, "--devices", "1", "--train.micro_batch_size", "8"))
     assert one.returncode == 0, one.stderr[-3000:]
+    first = train_losses(out_dir)[1]
+    assert abs(first - math.log(256)) > 1.0, first
+    return start, first
+
+
+def test_init_from_under_fsdp2_gives_the_same_first_step_loss_on_one_and_two_processes(
+    pretrained: tuple[list[str], float], tmp_path: Path
+) -> None:
+    start, first = pretrained
     # Two processes, built on the meta device: each rank materialises its shards, then gets its part of the weights.
-    two = run_cli(*train_args(tmp_path / "two", *start, "--strategy.meta_init", "true"))
+    two = run_cli(*train_args(tmp_path, *start, "--strategy.meta_init", "true"))
     assert two.returncode == 0, two.stderr[-3000:]
-    assert f"Started from the weights of {tmp_path / 'hf'}" in two.stdout
-    first_one, first_two = train_losses(tmp_path / "one")[1], train_losses(tmp_path / "two")[1]
-    assert abs(first_one - first_two) <= 1e-5
-    assert abs(first_one - math.log(256)) > 1.0, first_one
+    assert "Started from the weights of" in two.stdout
+    assert abs(train_losses(tmp_path)[1] - first) <= 1e-5
+
+
+@pytest.mark.parametrize("layout", ["tp", "zero3"])
+def test_init_from_loads_the_same_weights_under_tensor_parallel_and_zero3(
+    pretrained: tuple[list[str], float], tmp_path: Path, layout: str
+) -> None:
+    start, first = pretrained
+    if layout == "tp":  # each rank gets its heads' rows of q, k, v and columns of o
+        result = run_cli(*train_args(tmp_path, *start, *LAYOUTS["tp"][0]))
+    else:  # copied in before DeepSpeed takes its fp32 copies, one gathered parameter at a time
+        result = run_cli(*train_args(tmp_path, *start, *ZERO3), script=PROJECT / "tests" / "deepspeed_on_cpu.py")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert abs(train_losses(tmp_path)[1] - first) <= 1e-5
