@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from helpers import RECIPES
+from helpers import RECIPES, cli_env
 
 from {{ cookiecutter.package_name }}.cli import main
 
@@ -56,3 +58,38 @@ def test_unknown_subcommand_is_one_line_exit_2(capsys: pytest.CaptureFixture[str
         main(["recipes", "frobnicate"])
     assert exited.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_copying_into_a_folder_keeps_the_recipes_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    main(["recipes", "copy", "cpu-debug", f"{tmp_path / 'new'}/"])  # a folder that does not exist yet
+    assert (tmp_path / "new" / "cpu-debug.yaml").read_text() == (RECIPES / "cpu-debug.yaml").read_text()
+
+
+@pytest.mark.parametrize("argv", [[], ["recipes"], ["checkpoint"]])
+def test_a_command_without_its_subcommand_shows_the_choices_and_exits_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    captured = capsys.readouterr()
+    assert "usage:" in captured.out and ("list" in captured.out if argv else "train" in captured.out)
+    assert captured.err.count("\n") == 1 and captured.err.startswith("error: choose a command")
+
+
+def test_version_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    from {{ cookiecutter.package_name }} import __version__
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out.strip().endswith(__version__)
+
+
+def test_checkpoint_list_does_not_import_torch(tmp_path: Path) -> None:
+    script = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from {{ cookiecutter.package_name }}.cli import main\n"
+        f"main(['checkpoint', 'list', {str(tmp_path)!r}])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], env=cli_env(), capture_output=True, text=True)
+    assert result.returncode == 0 and "no checkpoints in" in result.stdout, result.stderr[-2000:]

@@ -114,6 +114,26 @@ def test_slurm_command_refuses_an_invalid_recipe_in_one_line(
     assert capsys.readouterr().err == "error: recipe 'bad.yaml': devices=0 must be >= 1\n"
 
 
+@pytest.mark.parametrize("time", ["banana", "1:2:3:4", "-5", "24h"])
+def test_slurm_command_refuses_a_time_limit_slurm_would_not_read(time: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["slurm", "cpu-debug", "--time", time])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: --time={time!r} is not a SLURM time limit (MINUTES, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)\n"
+    )
+
+
+def test_the_sbatch_script_names_the_recipe_relative_to_the_submit_folder_and_activates_the_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(RECIPES.parent)
+    main(["slurm", "fsdp2-multinode", "--time", "2-00:00:00"])
+    script = capsys.readouterr().out
+    assert "--config recipes/fsdp2-multinode.yaml " in script and str(RECIPES) not in script
+    assert "source .venv/bin/activate" in script and "#SBATCH --time=2-00:00:00" in script
+
+
 @pytest.mark.parametrize(("srun_exit", "script_exit"), [(0, 0), (ExitCode.REQUEUE, 0), (1, 1)])
 def test_sbatch_script_reports_a_requeue_as_success_and_passes_failures_on(
     tmp_path: Path, srun_exit: int, script_exit: int

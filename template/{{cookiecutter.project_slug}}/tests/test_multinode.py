@@ -28,7 +28,7 @@ from helpers import (
     recipe_args,
 )
 
-from {{ cookiecutter.package_name }}.checkpoint import find_latest
+from {{ cookiecutter.package_name }}.checkpoint_layout import find_latest
 from {{ cookiecutter.package_name }}.errors import ExitCode
 
 pytestmark = pytest.mark.slow
@@ -150,20 +150,40 @@ def test_fabric_run_flags_that_contradict_the_recipe_are_refused_with_one_line(t
 
 
 def test_torchrun_restarts_a_crashed_worker_which_resumes_and_ends_identical(tmp_path: Path, reference: tuple) -> None:
+    """Two torchrun launchers ("nodes") with c10d rendezvous; rank 1's worker crashes once, both restart."""
     expected_losses, expected_weights = reference
+    port = free_port()
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "restart-test",
-        "--max-restarts", "1", "--monitor-interval", "0.5", str(SCRIPT), *recipe_args(tmp_path, *SHARED),
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "restart-test",
+        "--max-restarts", "1", "--monitor-interval", "0.5", str(SCRIPT),
+        *recipe_args(tmp_path, *SHARED, "--devices", "1", "--num_nodes", "2"),
     ]  # fmt: skip
-    returncode, stdout, stderr = finish(start(command, TRAIN_FAULT="crash-once-at-step:6"))
-    assert returncode == 0, stderr[-3000:]
+    # torch's switch that gives every rendezvous round its own store (the project refuses restarts without it).
+    env = {"TRAIN_FAULT": "crash-once-at-step:6", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    launches = [start(command, **env) for _ in range(2)]
+    results = [finish(launch) for launch in launches]
+    assert all(returncode == 0 for returncode, _, _ in results), [stderr[-3000:] for _, _, stderr in results]
+    stdout, stderr = "".join(r[1] for r in results), "".join(r[2] for r in results)
     assert "rank 1 crashes after step 6" in stderr
     assert "at step 4" in stdout and "Resumed from" in stdout  # the restarted workers continued from step 4
     before_crash, after_restart = losses_by_run(tmp_path)
     assert before_crash == {step: expected_losses[step] for step in range(1, 7)}
     assert after_restart == {step: expected_losses[step] for step in range(5, MAX_STEPS + 1)}
     assert_same_weights(final_weights(tmp_path, MAX_STEPS), expected_weights)
+
+
+def test_torchrun_restarts_through_a_shared_store_are_refused_in_one_line(tmp_path: Path) -> None:
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "1",
+        str(SCRIPT), *recipe_args(tmp_path, *SHARED),
+    ]  # fmt: skip
+    returncode, _, stderr = finish(start(command))
+    assert returncode != 0
+    assert "error: torchrun --max-restarts 1 with a rendezvous store shared by the workers" in stderr, stderr[-3000:]
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in stderr
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def scontrol_stub(folder: Path) -> Path:

@@ -14,132 +14,21 @@ the final name is complete; one whose files do not match its meta.json is skippe
 from __future__ import annotations
 
 import json
-import random
-import re
 import shutil
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from lightning.fabric import Fabric
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.checkpoint_layout import META_FILE, checkpoint_root, list_checkpoints, read_meta
 from {{ cookiecutter.package_name }}.faults import fault_point
-from {{ cookiecutter.package_name }}.recipe.load import dump_recipe, parse_recipe
+from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.rng import rng_state, set_rng_state
 from {{ cookiecutter.package_name }}.strategies import strategy_class
-
-STEP_DIR = re.compile(r"^step-(\d+)$")
-META_FILE = "meta.json"
-
-
-def checkpoint_root(recipe: Recipe) -> Path:
-    """The folder that holds all checkpoints of a run."""
-    return Path(recipe.out_dir) / "checkpoints"
-
-
-def problem_with(path: Path) -> str | None:
-    """Why a checkpoint folder cannot be loaded, or None when it is complete."""
-    try:
-        meta = json.loads((path / META_FILE).read_text())
-    except FileNotFoundError:
-        return f"no {META_FILE} (the save did not finish)"
-    except (OSError, ValueError) as error:
-        return f"unreadable {META_FILE} ({error})"
-    for name, size in meta.get("files", {}).items():
-        file = path / name
-        if not file.is_file():
-            return f"missing {name}"
-        if file.stat().st_size != size:
-            return f"{name} has {file.stat().st_size} bytes, {META_FILE} says {size}"
-    return None if (path / "state").exists() else "missing state"
-
-
-def checkpoint_recipe(path: Path) -> Recipe:
-    """The recipe a checkpoint folder was saved with. Its model.init_from is not checked again: the weights
-    are in the checkpoint now, and the folder they first came from may be gone."""
-    return parse_recipe(["--config", str(path / "config.yaml"), "--model.init_from", "null"])
-
-
-def read_meta(path: Path) -> dict[str, Any]:
-    """The metadata of a complete checkpoint."""
-    return json.loads((path / META_FILE).read_text())
-
-
-def list_checkpoints(root: Path, warn: bool = True) -> list[Path]:
-    """Complete checkpoint folders under root, oldest first; incomplete ones are skipped with a warning."""
-    if not root.is_dir():
-        return []
-    found = []
-    for path in root.iterdir():
-        if match := STEP_DIR.match(path.name):
-            problem = problem_with(path)
-            if problem is None:
-                found.append((int(match.group(1)), path))
-            elif warn:
-                warnings.warn(f"skipping incomplete checkpoint {path}: {problem}", stacklevel=2)
-        elif path.name.endswith(".partial") and warn:
-            warnings.warn(f"skipping unfinished checkpoint {path} (a save was interrupted)", stacklevel=2)
-    return [path for _, path in sorted(found)]
-
-
-def find_latest(root: Path) -> Path | None:
-    """The newest complete checkpoint under root, or None."""
-    checkpoints = list_checkpoints(root)
-    return checkpoints[-1] if checkpoints else None
-
-
-def resolve_resume(recipe: Recipe) -> Path | None:
-    """The checkpoint a run continues from: null -> none, auto -> newest complete one if any, else the given path."""
-    resume = recipe.checkpoint.resume
-    if resume is None:
-        return None
-    if resume == "auto":
-        return find_latest(checkpoint_root(recipe))
-    path = Path(resume)
-    if not path.is_dir():
-        raise RecipeError(f"checkpoint.resume={resume!r}: no such checkpoint folder")
-    if problem := problem_with(path):
-        raise RecipeError(f"checkpoint.resume={resume!r}: not a complete checkpoint: {problem}")
-    return path
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's random number generator states (only tensors and plain values: weights_only-safe)."""
-    numpy_state = np.random.get_state(legacy=False)
-    state = {
-        "python": random.getstate(),
-        "numpy": {
-            "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
-            "pos": int(numpy_state["state"]["pos"]),
-            "has_gauss": int(numpy_state["has_gauss"]),
-            "gauss": float(numpy_state["gauss"]),
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` returned."""
-    random.setstate(state["python"])
-    numpy_state = state["numpy"]
-    np.random.set_state(
-        {
-            "bit_generator": "MT19937",
-            "state": {"key": numpy_state["key"].numpy().astype(np.uint32), "pos": numpy_state["pos"]},
-            "has_gauss": numpy_state["has_gauss"],
-            "gauss": numpy_state["gauss"],
-        }
-    )
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class Checkpointer:
@@ -234,7 +123,7 @@ class Checkpointer:
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
         if self.config.keep_last:
-            for old in list_checkpoints(self.root, warn=False)[: -self.config.keep_last]:
+            for old in list_checkpoints(self.root)[: -self.config.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
 
 

@@ -7,10 +7,12 @@ error ends in one line on stderr naming what is wrong and what is allowed, exit 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from jsonargparse import ArgumentParser
 
+from {{ cookiecutter.package_name }} import __version__
 from {{ cookiecutter.package_name }}.errors import RecipeError, run_command
 from {{ cookiecutter.package_name }}.recipe.library import copy_recipe, list_recipes, show_recipe
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, recipe_parser
@@ -21,6 +23,7 @@ PROG = "{{ cookiecutter.project_slug }}"
 def build_parser() -> ArgumentParser:
     """The top-level parser and its subcommands."""
     parser = ArgumentParser(prog=PROG, exit_on_error=False, description="Distributed training with Lightning Fabric.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subcommands(dest="command")
     commands.add_subcommand("train", recipe_parser(f"{PROG} train"), help="Train with a recipe and overrides.")
 
@@ -106,6 +109,10 @@ def dispatch(argv: list[str]) -> None:
 
         train(recipe)
         return
+    if argv in ([], ["recipes"], ["checkpoint"]):  # a command without its subcommand: show the choices
+        with contextlib.suppress(SystemExit):
+            build_parser().parse_args([*argv, "--help"])
+        raise RecipeError(f"choose a command: {' '.join([PROG, *argv])} COMMAND (the commands are listed above)")
     try:
         args = build_parser().parse_args(argv)
     except Exception as error:  # jsonargparse's ArgumentError spans lines; keep the first

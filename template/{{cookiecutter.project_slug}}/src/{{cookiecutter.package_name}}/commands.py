@@ -7,6 +7,8 @@ Modules that import torch are imported inside the functions that need them, so l
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +58,7 @@ def folder_size(path: Path) -> int:
 
 def list_checkpoint_folders(run: str) -> None:
     """Print every checkpoint folder of a run: step, size, complete or why not."""
-    from {{ cookiecutter.package_name }}.checkpoint import STEP_DIR, problem_with
+    from {{ cookiecutter.package_name }}.checkpoint_layout import STEP_DIR, problem_with
 
     root = Path(run)
     root = root / "checkpoints" if (root / "checkpoints").is_dir() else root
@@ -75,7 +77,8 @@ def list_checkpoint_folders(run: str) -> None:
 
 def inspect_checkpoint(name: str) -> None:
     """Print what a checkpoint holds."""
-    from {{ cookiecutter.package_name }}.checkpoint import load_full_state, problem_with, read_meta
+    from {{ cookiecutter.package_name }}.checkpoint import load_full_state
+    from {{ cookiecutter.package_name }}.checkpoint_layout import problem_with, read_meta
 
     path = Path(name)
     if problem := problem_with(path) if path.is_dir() else "no such folder":
@@ -95,7 +98,8 @@ def inspect_checkpoint(name: str) -> None:
 
 def consolidate_checkpoint(name: str, output: str) -> None:
     """Write a checkpoint's weights as one plain PyTorch file."""
-    from {{ cookiecutter.package_name }}.checkpoint import consolidate, problem_with
+    from {{ cookiecutter.package_name }}.checkpoint import consolidate
+    from {{ cookiecutter.package_name }}.checkpoint_layout import problem_with
 
     path = Path(name)
     if problem := problem_with(path) if path.is_dir() else "no such folder":
@@ -128,8 +132,15 @@ def print_sbatch(args: Any) -> None:
     recipe = load_recipe(path)
     if args.cpus_per_task < 1:
         raise RecipeError(f"--cpus_per_task={args.cpus_per_task} must be >= 1")
+    if not re.fullmatch(r"\d+(-\d+)?(:\d+){0,2}", args.time):
+        raise RecipeError(
+            f"--time={args.time!r} is not a SLURM time limit (MINUTES, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)"
+        )
+    # Relative to the folder sbatch is run from (the job starts there), so the script works on any clone.
+    relative = os.path.relpath(path.resolve())
+    recipe_path = str(path.resolve()) if relative.startswith("..") else relative
     print(
-        sbatch_script(recipe, str(path), args.time, args.partition, args.account, args.job_name, args.cpus_per_task),
+        sbatch_script(recipe, recipe_path, args.time, args.partition, args.account, args.job_name, args.cpus_per_task),
         end="",
     )
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint import checkpoint_recipe, read_meta
+from {{ cookiecutter.package_name }}.checkpoint_layout import checkpoint_recipe, read_meta
 from {{ cookiecutter.package_name }}.data.prepared import MANIFEST, TOKENIZER
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.hf import CONFIG, INDEX, SINGLE_FILE, export_problem, hf_config, hf_tensors

@@ -10,10 +10,7 @@ flag differs from the recipe, is refused with one line naming both values (exit 
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 
-import torch
-import torch.distributed as dist
 from lightning.fabric import Fabric
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
@@ -36,36 +33,12 @@ def start_processes(fabric: Fabric) -> None:
         fabric.launch()
 
 
-def join_restarted_torchrun_group(recipe: Recipe, accelerator: str) -> None:
-    """After a torchrun restart, join the process group through keys of this attempt only (Fabric then reuses it).
-
-    torchrun's agent keeps its TCPStore across restarts, so the restarted workers can read the
-    addresses that the failed round published and fail to connect ("Connection refused"); a key
-    prefix per restart keeps the rounds apart. Written here because neither torch nor Fabric does it.
-    """
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if restart == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or dist.is_initialized():
-        return
-    timeout = timedelta(minutes=recipe.strategy.timeout_minutes)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if accelerator == "cuda" else None
-    if device is not None:
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        recipe.strategy.process_group_backend or ("nccl" if device is not None else "gloo"),
-        store=dist.PrefixStore(f"restart-{restart}/", store),
-        rank=int(os.environ["RANK"]),
-        world_size=int(os.environ["WORLD_SIZE"]),
-        timeout=timeout,
-        device_id=device,
-    )
-
-
 def check_launcher(recipe: Recipe, accelerator: str) -> None:
     """Refuse a launcher whose layout or flags differ from the recipe's (`accelerator`: the resolved one)."""
     if launched_by_fabric_run():
         _check_fabric_run(recipe, accelerator)
     if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun, and `fabric run`, which calls it
+        _check_torchrun_restarts()
         world, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
         if (world, local) != (recipe.world_size, recipe.devices):
             raise RecipeError(
@@ -82,6 +55,20 @@ def check_launcher(recipe: Recipe, accelerator: str) -> None:
                 f" num_nodes={recipe.num_nodes} = {recipe.world_size}: match --nodes/--ntasks-per-node to the"
                 " recipe, or override it with --devices and --num_nodes"
             )
+
+
+def _check_torchrun_restarts() -> None:
+    """Refuse torchrun restarts through the agent's shared store: a restarted round can read the failed
+    round's addresses from it, and nodes need not agree on the restart count (pytorch issues 108158,
+    135712), so the new round can fail to connect or hang. torch's own switch gives each round its
+    own store; it is only honoured by the c10d rendezvous (the static one always shares its store)."""
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    if restarts > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        raise RecipeError(
+            f"torchrun --max-restarts {restarts} with a rendezvous store shared by the workers: start torchrun with"
+            " TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment and --rdzv-backend c10d, so that a restarted"
+            " round cannot read the failed round's addresses"
+        )
 
 
 def _check_fabric_run(recipe: Recipe, accelerator: str) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import netrc
 import os
 import shutil
 import sys
@@ -36,6 +35,7 @@ from tqdm import tqdm
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.hardware import peak_tflops
+from {{ cookiecutter.package_name }}.recipe.checks import wandb_has_credentials
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 
@@ -50,16 +50,6 @@ Item = TypeVar("Item")
 def model_flops_utilization(flops_per_token: float, tokens_per_second_per_device: float, peak: float) -> float:
     """MFU: the model FLOP/s one device achieves as a fraction of its peak (given in TFLOP/s)."""
     return flops_per_token * tokens_per_second_per_device / (peak * 1e12)
-
-
-def wandb_has_credentials() -> bool:
-    """Whether W&B can go online: an API key in the environment or a `wandb login` entry in ~/.netrc."""
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
-    except (FileNotFoundError, netrc.NetrcParseError):
-        return False
 
 
 def wandb_offline() -> bool:

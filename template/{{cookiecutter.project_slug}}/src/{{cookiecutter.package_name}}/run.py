@@ -16,13 +16,14 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger
 
-from {{ cookiecutter.package_name }}.checkpoint import checkpoint_root, load_checkpoint, read_meta, resolve_resume
+from {{ cookiecutter.package_name }}.checkpoint import load_checkpoint
+from {{ cookiecutter.package_name }}.checkpoint_layout import checkpoint_root, read_meta, resolve_resume
 from {{ cookiecutter.package_name }}.data import Batch, TrainBatches, load_splits, validation_batches
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.launchers import check_launcher, join_restarted_torchrun_group, start_processes
+from {{ cookiecutter.package_name }}.launchers import check_launcher, start_processes
 from {{ cookiecutter.package_name }}.observe import build_loggers, new_run_id
 from {{ cookiecutter.package_name }}.optim import build_optimizer, build_scheduler
-from {{ cookiecutter.package_name }}.recipe.checks import check_hardware
+from {{ cookiecutter.package_name }}.recipe.checks import check_before_launch, check_hardware
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.strategies import TrainingStrategy, strategy_for
@@ -62,7 +63,6 @@ def build_fabric(recipe: Recipe, strategy: TrainingStrategy, loggers: list[Logge
     capability = torch.cuda.get_device_capability() if accelerator == "cuda" else None
     check_hardware(recipe, accelerator, capability, found=True)  # the same rules as at parse time, on this machine
     check_launcher(recipe, accelerator)  # fabric run / torchrun / srun must start the recipe's layout
-    join_restarted_torchrun_group(recipe, accelerator)
     return Fabric(
         accelerator=accelerator,
         devices=recipe.devices,
@@ -81,6 +81,7 @@ def setup(recipe: Recipe) -> Run:
     # A resumed or requeued job appends to the W&B run of its checkpoint instead of starting a new one.
     run_id = (read_meta(resume_from).get("wandb_run_id") if resume_from else None) or new_run_id()
     fabric = build_fabric(recipe, strategy, build_loggers(recipe, run_id))
+    check_before_launch(recipe)  # W&B credentials, out_dir writable: the last checks, nothing written before
 
     start_processes(fabric)  # unless `fabric run` already did
     fabric.seed_everything(recipe.train.seed)

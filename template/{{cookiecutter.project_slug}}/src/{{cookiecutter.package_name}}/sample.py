@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint import checkpoint_recipe, find_latest, load_full_state, problem_with
+from {{ cookiecutter.package_name }}.checkpoint import load_full_state
+from {{ cookiecutter.package_name }}.checkpoint_layout import checkpoint_recipe, find_latest, problem_with
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.models import build_model
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe

@@ -53,6 +53,8 @@ def run_lines(recipe_argument: str) -> list[str]:
         "set -uo pipefail",
         "# SIGUSR1 (--signal) or SIGTERM: every rank saves at the next step boundary, rank 0 runs",
         f"# `scontrol requeue $SLURM_JOB_ID`, the tasks exit {int(ExitCode.REQUEUE)}; the requeued job resumes (resume auto).",
+        "# The job's Python: the environment active at submission (sbatch exports it), else ./.venv if present.",
+        'if [ -z "${VIRTUAL_ENV:-}" ] && [ -f .venv/bin/activate ]; then source .venv/bin/activate; fi',
         "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
         "status=0",
         f"srun python -m {PACKAGE} train --config {recipe_argument} \\",

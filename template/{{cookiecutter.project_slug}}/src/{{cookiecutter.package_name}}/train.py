@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from lightning.fabric import Fabric
 from torchmetrics.aggregation import MeanMetric
 
-from {{ cookiecutter.package_name }}.checkpoint import Checkpointer, checkpoint_root
+from {{ cookiecutter.package_name }}.checkpoint import Checkpointer
+from {{ cookiecutter.package_name }}.checkpoint_layout import checkpoint_root
 from {{ cookiecutter.package_name }}.data import Batch
 from {{ cookiecutter.package_name }}.errors import run_command
 from {{ cookiecutter.package_name }}.faults import fault_point, poison_loss

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -65,7 +65,19 @@ def load_splits(config: DataConfig, model: ModelConfig) -> tuple[Any, Any]:
     model.vocab_size; the other sources hold out the last data.val_fraction of their tokens.
     """
     if config.source != "prepared":
-        return split_tokens(load_tokens(config), config.val_fraction, model.block_size)
+        tokens = load_tokens(config)
+        if (
+            config.source == "tokens"
+            and len(tokens)
+            and (largest := int(cast(np.ndarray, tokens).max())) >= model.vocab_size
+        ):
+            # One vectorised pass over the memory map: an id the embedding cannot hold would otherwise fail
+            # inside the first forward pass of every rank.
+            raise RecipeError(
+                f"data.path={config.path!r} holds token id {largest}, beyond model.vocab_size={model.vocab_size}"
+                f" (set model.vocab_size >= {largest + 1}, or check data.token_dtype={config.token_dtype})"
+            )
+        return split_tokens(tokens, config.val_fraction, model.block_size)
     tokens, manifest = open_prepared(Path(config.path or ""))
     _check_vocab_size(config, model, manifest)
     boundary = manifest["validation"]["first_token"]

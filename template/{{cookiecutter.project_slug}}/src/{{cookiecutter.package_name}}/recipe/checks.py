@@ -8,6 +8,9 @@ parse time with the recipe's accelerator and again at launch with the device act
 from __future__ import annotations
 
 import importlib.util
+import netrc
+import os
+from pathlib import Path
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import ARCH_ONLY_FIELDS, STRATEGY_SECTIONS, ModelConfig, Recipe
@@ -76,9 +79,9 @@ def _check_values(recipe: Recipe) -> None:
         raise RecipeError(f"data.val_fraction={recipe.data.val_fraction} must be in (0, 1)")
     if recipe.data.source != "embedded" and not recipe.data.path:
         raise RecipeError(f"data.path is required when data.source={recipe.data.source}")
-    if recipe.data.source == "embedded" and recipe.model.vocab_size < 256:
+    if recipe.data.source in ("embedded", "text") and recipe.model.vocab_size < 256:
         raise RecipeError(
-            f"model.vocab_size={recipe.model.vocab_size} is too small for data.source=embedded"
+            f"model.vocab_size={recipe.model.vocab_size} is too small for data.source={recipe.data.source}"
             " (byte-level tokens need 256)"
         )
     if recipe.checkpoint.resume is not None and not recipe.checkpoint.resume.strip():
@@ -183,3 +186,44 @@ def check_hardware(
 def needs_gpu(recipe: Recipe) -> bool:
     """Whether the recipe can only run on CUDA GPUs."""
     return recipe.accelerator == "cuda" or strategy_for(recipe).gpu_requirement() is not None
+
+
+def check_before_launch(recipe: Recipe) -> None:
+    """The rules that depend on this machine rather than on the recipe: the logger's credentials and out_dir.
+
+    Runs in every process before processes are launched; out_dir is probed last, since the probe
+    creates the folder (the run would create it next anyway).
+    """
+    if recipe.logger.name == "wandb" and os.environ.get("WANDB_MODE") == "online" and not wandb_has_credentials():
+        raise RecipeError(
+            "logger.name=wandb with WANDB_MODE=online needs W&B credentials: set WANDB_API_KEY or run `wandb login`"
+            " (or unset WANDB_MODE to log offline and `wandb sync` later)"
+        )
+    probe_out_dir(Path(recipe.out_dir))
+
+
+def wandb_has_credentials() -> bool:
+    """Whether W&B can go online: an API key in the environment or a `wandb login` entry in ~/.netrc."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
+
+
+def probe_out_dir(out_dir: Path) -> None:
+    """Create out_dir if needed, then write and remove a file in it: refused here, not at the first save."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RecipeError(
+            f"out_dir={str(out_dir)!r} is a file, not a folder (choose a folder for checkpoints and logs)"
+        )
+    probe = out_dir / f".write-probe-{os.getpid()}"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise RecipeError(
+            f"out_dir={str(out_dir)!r} is not a writable folder ({error.strerror}: {error.filename}); choose another"
+        ) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def show_recipe(name: str) -> None:
 def copy_recipe(name: str, dest: str, force: bool = False, program: str = "") -> None:
     """Copy a library recipe to a new file to edit."""
     source, target = find_recipe(name), Path(dest)
-    if target.is_dir():
+    if target.is_dir() or dest.endswith(("/", os.sep)):  # `copy X newdir/`: into that folder, made if needed
         target = target / source.name
     if target.exists() and not force:
         raise RecipeError(f"{target} already exists (choose another destination or pass --force)")

@@ -33,6 +33,8 @@ def parse_recipe(argv: list[str], parser: ArgumentParser | None = None) -> Recip
     """Parse and check a recipe; raises RecipeError with a one-line message."""
     parser = parser or recipe_parser()
     source = _config_source(argv)
+    for path in _config_files(argv):
+        _check_recipe_file(path, source)
     try:
         namespace = parser.parse_args(argv)
     except Exception as error:  # jsonargparse raises ArgumentError; its text spans lines
@@ -59,6 +61,50 @@ def load_recipe(path: str | Path) -> Recipe:
 def dump_recipe(recipe: Recipe) -> str:
     """The resolved recipe as YAML that `load_recipe` reads back."""
     return yaml.safe_dump(recipe.to_dict(), sort_keys=False)
+
+
+def _config_files(argv: list[str]) -> list[Path]:
+    """The recipe files named in argv (`--config FILE` or `--config=FILE`)."""
+    files = [Path(argv[index + 1]) for index, arg in enumerate(argv[:-1]) if arg == "--config"]
+    return files + [Path(arg.split("=", 1)[1]) for arg in argv if arg.startswith("--config=")]
+
+
+def _check_recipe_file(path: Path, source: str) -> None:
+    """Refuse a recipe file that is not YAML, is empty, is not a mapping, or has a key the schema lacks.
+
+    Done here rather than left to jsonargparse, which accepts an unknown key whose value is an empty
+    mapping (`optimiser: {}`), says "Unexpected config" for an empty file or a list, and drops the line
+    and column of a YAML syntax error.
+    """
+    if not path.is_file():
+        return  # jsonargparse names the missing file
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise RecipeError(f"{source}: {where}{error.problem or error}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise RecipeError(f"{source}: not a YAML file ({str(error).splitlines()[0]})") from None
+    if data is None:
+        raise RecipeError(f"{source}: the file is empty (a recipe is a mapping of keys: devices, strategy, train, ...)")
+    if not isinstance(data, dict):
+        raise RecipeError(
+            f"{source}: must be a mapping of keys (devices: 2, strategy: ..., train: ...), not a {type(data).__name__}"
+        )
+    _check_keys(data, Recipe, "", source)
+
+
+def _check_keys(data: dict[Any, Any], cls: Any, prefix: str, source: str) -> None:
+    """Every key of `data` is a field of the dataclass `cls` (recursively through sections)."""
+    fields = {field.name: field for field in dataclasses.fields(cls)}
+    for key, value in data.items():
+        if key not in fields:
+            where = f" in {prefix.rstrip('.')}" if prefix else ""
+            raise RecipeError(f"{source}: unknown key '{prefix}{key}' (allowed{where}: {_fields_of(cls)})")
+        section = _dataclass_in(fields[key].type)
+        if dataclasses.is_dataclass(section) and isinstance(value, dict):
+            _check_keys(value, section, f"{prefix}{key}.", source)
 
 
 def _config_source(argv: list[str]) -> str:
@@ -93,6 +139,18 @@ def _one_line(message: str, source: str) -> str:
         elif expected := re.search(r"Expected a <class '(\w+)'>\. Got value: (.*)", detail):
             detail = f"expected {expected.group(1)}, got {expected.group(2)!r}"
         return f"{source}: {key.group(1)}: {detail}"
+    if unrecognized := re.match(r"unrecognized arguments: --([\w.]+)", text):  # a misspelt or abbreviated flag
+        flag = unrecognized.group(1)
+        group, _, _ = flag.rpartition(".")
+        cls = _group_class(group) if group else Recipe
+        if not dataclasses.is_dataclass(cls):
+            return (
+                f"{source}: unknown option '--{flag}' (no section {group!r}; sections and keys: {_fields_of(Recipe)})"
+            )
+        where = f" in {group}" if group else ""
+        return (
+            f"{source}: unknown option '--{flag}' (allowed{where}: {_fields_of(cls)}; abbreviations are not accepted)"
+        )
     if unknown := re.match(r"Option '([^']+)' is not accepted", text):
         return f"{source}: unknown key {unknown.group(1)!r} (allowed: {_fields_of(Recipe)})"
     if nested := re.match(r"Group '([^']+)' does not accept option '([^']+)'", text):
@@ -119,7 +177,9 @@ def _group_class(group: str) -> Any:
     """The dataclass behind a dotted group name such as 'strategy'."""
     cls: Any = Recipe
     for part in group.split("."):
-        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        if not dataclasses.is_dataclass(cls):
+            return None
+        types: dict[str, Any] = {f.name: f.type for f in dataclasses.fields(cls)}
         cls = _dataclass_in(types.get(part))
     return cls
 

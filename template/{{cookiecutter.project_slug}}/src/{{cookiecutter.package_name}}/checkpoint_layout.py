@@ -1,0 +1,163 @@
+"""Checkpoint folders on disk, without torch: their names, meta.json, whether one is complete, the newest
+complete one, and which one a run resumes from (checked before anything starts).
+
+A checkpoint is `<out_dir>/checkpoints/step-<step>/` (see checkpoint.py for what it holds); it is
+written as `step-<step>.partial` and renamed once every rank has finished, and meta.json (the size of
+every file) is written last, so a folder with the final name whose files match meta.json is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+
+STEP_DIR = re.compile(r"^step-(\d+)$")
+META_FILE = "meta.json"
+# Model fields a resumed run may change: they do not change the shapes of the saved tensors.
+RESUMABLE_MODEL_CHANGES = ("dropout", "init_from")
+
+
+def checkpoint_root(recipe: Recipe) -> Path:
+    """The folder that holds all checkpoints of a run."""
+    return Path(recipe.out_dir) / "checkpoints"
+
+
+def problem_with(path: Path) -> str | None:
+    """Why a checkpoint folder cannot be loaded, or None when it is complete."""
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+    except FileNotFoundError:
+        return f"no {META_FILE} (the save did not finish)"
+    except (OSError, ValueError) as error:
+        return f"unreadable {META_FILE} ({error})"
+    for name, size in meta.get("files", {}).items():
+        file = path / name
+        if not file.is_file():
+            return f"missing {name}"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes, {META_FILE} says {size}"
+    return None if (path / "state").exists() else "missing state"
+
+
+def checkpoint_recipe(path: Path) -> Recipe:
+    """The recipe a checkpoint folder was saved with. Its model.init_from is not checked again: the weights
+    are in the checkpoint now, and the folder they first came from may be gone."""
+    from {{ cookiecutter.package_name }}.recipe.load import parse_recipe  # jsonargparse: only when asked
+
+    return parse_recipe(["--config", str(path / "config.yaml"), "--model.init_from", "null"])
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """The metadata of a complete checkpoint."""
+    return json.loads((path / META_FILE).read_text())
+
+
+def scan_checkpoints(root: Path) -> tuple[list[Path], dict[Path, str]]:
+    """(complete checkpoint folders oldest first, {folder that is not complete: why}) under root.
+
+    A `.partial` folder is a save that was interrupted (the job died while writing): expected after
+    a kill, never loaded. A folder with its final name whose files do not match meta.json is damaged
+    (a node died after the rename, a disk filled up): it too is never loaded.
+    """
+    complete, not_complete = [], {}
+    if root.is_dir():
+        for path in root.iterdir():
+            if match := STEP_DIR.match(path.name):
+                problem = problem_with(path)
+                if problem is None:
+                    complete.append((int(match.group(1)), path))
+                else:
+                    not_complete[path] = problem
+            elif path.name.endswith(".partial") and STEP_DIR.match(path.name.removesuffix(".partial")):
+                not_complete[path] = "unfinished save"
+    return [path for _, path in sorted(complete)], not_complete
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoint folders under root, oldest first."""
+    return scan_checkpoints(root)[0]
+
+
+def find_latest(root: Path) -> Path | None:
+    """The newest complete checkpoint under root, or None."""
+    checkpoints = list_checkpoints(root)
+    return checkpoints[-1] if checkpoints else None
+
+
+def resolve_resume(recipe: Recipe) -> Path | None:
+    """The checkpoint a run continues from: null -> none, auto -> newest complete one if any, else the given path.
+
+    Refused before anything starts: an explicit path that is not a complete checkpoint, `auto` when
+    the only checkpoints there are damaged (starting over would silently throw the run away), and a
+    checkpoint of another model shape. Skipped folders are named in one line (rank 0).
+    """
+    resume = recipe.checkpoint.resume
+    if resume is None:
+        return None
+    if resume == "auto":
+        root = checkpoint_root(recipe)
+        complete, not_complete = scan_checkpoints(root)
+        damaged = {path: why for path, why in not_complete.items() if not path.name.endswith(".partial")}
+        if damaged and not complete:
+            names = "; ".join(f"{path.name} ({why})" for path, why in sorted(damaged.items()))
+            raise RecipeError(
+                f"checkpoint.resume=auto: no complete checkpoint under {root}, only damaged ones: {names}."
+                " To start afresh on purpose, choose another out_dir or pass --checkpoint.resume null"
+            )
+        path = complete[-1] if complete else None
+        skipped = sorted(p for p in not_complete if path is None or _step_of(p) > _step_of(path))
+        if skipped and _launched_rank() == 0:
+            kind = {True: "unfinished", False: "incomplete"}
+            said = "; ".join(
+                f"skipping {kind[p.name.endswith('.partial')]} checkpoint {p}: {not_complete[p]}" for p in skipped
+            )
+            print(f"{said}; resuming from {path.name if path else 'step 0 (nothing was saved yet)'}", file=sys.stderr)
+    else:
+        path = Path(resume)
+        if not path.is_dir():
+            raise RecipeError(f"checkpoint.resume={resume!r}: no such checkpoint folder")
+        if problem := problem_with(path):
+            raise RecipeError(f"checkpoint.resume={resume!r}: not a complete checkpoint: {problem}")
+    if path is not None:
+        check_same_model(path, recipe)
+    return path
+
+
+def _step_of(path: Path) -> int:
+    match = STEP_DIR.match(path.name.removesuffix(".partial"))
+    return int(match.group(1)) if match else -1
+
+
+def check_same_model(path: Path, recipe: Recipe) -> None:
+    """Refuse to resume a checkpoint of another model shape, naming the fields that differ."""
+    saved_file = path / "config.yaml"
+    if not saved_file.is_file():
+        return
+    saved = (yaml.safe_load(saved_file.read_text()) or {}).get("model", {})
+    current = recipe.to_dict()["model"]
+    compared = [key for key in current if key in saved and key not in RESUMABLE_MODEL_CHANGES]
+    differ = [
+        f"model.{key}={saved[key]!r} there, {current[key]!r} here" for key in compared if saved[key] != current[key]
+    ]
+    if differ:
+        raise RecipeError(
+            f"checkpoint {path} was saved for another model ({', '.join(differ)}): resume it with the same model"
+            " settings, or start afresh in another out_dir or with --checkpoint.resume null"
+        )
+
+
+def _launched_rank() -> int:
+    """This process's global rank as launchers set it (0 before any launch): only rank 0 speaks."""
+    for variable in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
+        if variable in os.environ:
+            return int(os.environ[variable])
+    return 0
