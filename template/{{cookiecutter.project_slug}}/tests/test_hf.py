@@ -9,15 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from corpus import write_corpus
 from helpers import fail_with, train_args
 from safetensors.torch import load_file
+from tokenizers import Tokenizer
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.data.prepare import prepare
 from {{ cookiecutter.package_name }}.export import export_hf
 from {{ cookiecutter.package_name }}.hf import check_init_from, pretrained_tensors
 from {{ cookiecutter.package_name }}.models import build_model
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
-from {{ cookiecutter.package_name }}.recipe.schema import ModelConfig, Recipe
+from {{ cookiecutter.package_name }}.recipe.schema import DataConfig, ModelConfig, Recipe
 
 transformers = pytest.importorskip("transformers")  # a test dependency (Python 3.11+)
 
@@ -51,11 +54,11 @@ def imported(folder: Path, tie: bool = False) -> tuple[torch.nn.Module, ModelCon
     return model.eval(), config
 
 
-def save_checkpoint(model: torch.nn.Module, config: ModelConfig, folder: Path) -> Path:
+def save_checkpoint(model: torch.nn.Module, config: ModelConfig, folder: Path, data: DataConfig | None = None) -> Path:
     """A checkpoint folder as a one-process run writes it (whole state, config.yaml, meta.json)."""
     folder.mkdir(parents=True)
     torch.save({"model": model.state_dict(), "step": 1}, folder / "state")
-    (folder / "config.yaml").write_text(dump_recipe(Recipe(model=config)))
+    (folder / "config.yaml").write_text(dump_recipe(Recipe(model=config, data=data or DataConfig())))
     (folder / "meta.json").write_text(json.dumps({"step": 1, "tokens_seen": 0, "strategy": "ddp", "world_size": 1}))
     return folder
 
@@ -91,6 +94,21 @@ def test_export_of_an_import_is_the_same_tensors_and_loads_in_transformers(tmp_p
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(exported).eval()
     tokens = torch.randint(0, 256, (2, 32))
     torch.testing.assert_close(logits(reloaded, tokens), logits(model, tokens), atol=1e-5, rtol=0)
+
+
+def test_a_run_on_prepared_data_exports_its_tokenizer(tmp_path: Path) -> None:
+    documents = write_corpus(tmp_path / "raw")
+    manifest = prepare([str(tmp_path / "raw")], str(tmp_path / "prepared"), train_tokenizer=300, progress=False)
+    config = ModelConfig(arch="llama", **{**LLAMA, "vocab_size": 320})
+    data = DataConfig(source="prepared", path=str(tmp_path / "prepared"))
+    checkpoint = save_checkpoint(build_model(config), config, tmp_path / "run" / "step-00000001", data)
+    assert export_hf(checkpoint, tmp_path / "hf")["tokenizer"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    reference = Tokenizer.from_file(str(tmp_path / "prepared" / "tokenizer.json"))
+    text = documents[0][:300]
+    assert tokenizer.encode(text, add_special_tokens=False) == reference.encode(text).ids
+    eos_id = manifest["tokenizer"]["eos_id"]
+    assert tokenizer.eos_token_id == eos_id == json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"]
 
 
 def gpt_checkpoint(folder: Path, bias: bool) -> tuple[torch.nn.Module, Path]:

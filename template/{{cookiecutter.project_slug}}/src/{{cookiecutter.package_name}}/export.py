@@ -125,16 +125,15 @@ def copy_tokenizer(recipe: Recipe, folder: Path) -> int | None:
     if not (prepared / TOKENIZER).is_file():
         print(f"note: no {prepared / TOKENIZER} from here: exported without a tokenizer")
         return None
-    from tokenizers import Tokenizer
-
     shutil.copyfile(prepared / TOKENIZER, folder / TOKENIZER)
-    eos_id = json.loads((prepared / MANIFEST).read_text())["tokenizer"].get("eos_id")
-    eos = Tokenizer.from_file(str(prepared / TOKENIZER)).id_to_token(eos_id) if eos_id is not None else None
-    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": recipe.model.block_size}
-    if eos is not None:
-        settings["eos_token"] = eos
+    tokenizer = json.loads((prepared / MANIFEST).read_text())["tokenizer"]
+    settings = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": recipe.model.block_size,
+        "eos_token": tokenizer["eos_token"],
+    }
     (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
-    return eos_id
+    return tokenizer["eos_id"]
 
 
 def export_hf(path: Path, out_dir: Path, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> dict[str, Any]:
