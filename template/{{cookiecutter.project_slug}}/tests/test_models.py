@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.models import build_model, count_parameters, training_flops_per_token
 from {{ cookiecutter.package_name }}.models.gpt import GPT
 from {{ cookiecutter.package_name }}.recipe.schema import ModelConfig
@@ -95,3 +97,12 @@ def test_flops_per_token_count_every_matmul_and_attention_like_the_gpts() -> Non
     gpt = ModelConfig(vocab_size=256, block_size=32, n_layer=2, n_head=4, n_embd=32)
     attention = 12 * gpt.n_layer * gpt.n_embd * gpt.block_size
     assert training_flops_per_token(gpt) == 6 * matmul_parameters(build_model(gpt)) + attention
+
+
+def test_plan_speaks_of_the_llama_recipes_real_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["plan", "llama-1b-fsdp2-node"])
+    small = capsys.readouterr().out
+    assert "1.24 B parameters" in small and "recommended: ddp" in small  # 1.24 B x 16 bytes fits one 80 GiB GPU
+    main(["plan", "llama-8b-fsdp2-node"])
+    large = capsys.readouterr().out
+    assert "8.03 B parameters" in large and "recommended: fsdp2" in large
