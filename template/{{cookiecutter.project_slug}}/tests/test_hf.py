@@ -145,6 +145,13 @@ def test_export_refuses_a_folder_that_is_not_empty(tmp_path: Path, capsys: pytes
     assert "is not empty" in fail_with(["export", str(checkpoint), str(tmp_path / "out")], capsys)
 
 
+def test_export_says_it_cannot_read_deepspeeds_own_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, checkpoint = gpt_checkpoint(tmp_path / "run" / "step-00000001", bias=True)
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    (checkpoint / "meta.json").write_text(json.dumps({**meta, "strategy": "deepspeed"}))
+    assert "in its own layout" in fail_with(["export", str(checkpoint), str(tmp_path / "out")], capsys)
+
+
 def write_gpt2_folder(folder: Path) -> Path:
     config = transformers.GPT2Config(vocab_size=256, n_positions=32, n_embd=64, n_layer=2, n_head=2)
     transformers.GPT2LMHeadModel(config).save_pretrained(folder)
