@@ -13,6 +13,9 @@ cd build/demo/my-project
 "$VENV/bin/my-project" recipes list
 "$VENV/bin/my-project" train --config recipes/cpu-debug.yaml
 echo
+echo "What the model writes after \"The old sailor\" (greedy, from the newest checkpoint):"
+"$VENV/bin/my-project" sample runs/cpu-debug --prompt "The old sailor" --max-new-tokens 80 --temperature 0
+echo
 echo "Generated project:  $PWD"
 echo "Checkpoints:        $PWD/runs/cpu-debug/checkpoints/"
 for run in runs/cpu-debug/wandb/offline-run-*; do

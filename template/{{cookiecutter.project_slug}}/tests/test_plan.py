@@ -1,90 +1,193 @@
-"""`plan RECIPE`: the training state per GPU of each strategy, and the strategy to pick (its estimates are checked
-against real per-rank bytes in tests/test_strategies.py)."""
+"""`plan`: every strategy's memory, communication and step time for a model on a cluster, the one to pick, and
+the recipe it writes (its model-state figures are checked against real per-rank bytes in tests/test_strategies.py)."""
 
 from __future__ import annotations
 
-import re
+import json
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
 
 import pytest
-from helpers import RECIPES
+import yaml
+from helpers import RECIPES, cli_env
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.plan import GIB, OPTIONS, state_bytes
+from {{ cookiecutter.package_name }}.commands import plan_device
+from {{ cookiecutter.package_name }}.hardware import INTERCONNECTS
+from {{ cookiecutter.package_name }}.plan import CANDIDATES, Plan, estimate, plan, plan_inputs
+from {{ cookiecutter.package_name }}.plan_report import written_recipe
 from {{ cookiecutter.package_name }}.recipe.load import load_recipe
+from {{ cookiecutter.package_name }}.sizing import gpt_parameters
 
-OPTION = {option.label: option for option in OPTIONS}
-
-
-def run_plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[dict[str, list[str]], str]:
-    """The table rows by strategy, and the recommendation line."""
-    main(["plan", *args])
-    out = capsys.readouterr().out
-    rows = {}
-    for line in out.splitlines():
-        match = re.match(r"^(\S.*?)\s{2,}([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(yes|no)$", line)
-        if match:
-            rows[match.group(1)] = list(match.groups()[1:])
-    return rows, out.strip().splitlines()[-1]
-
-
-def test_each_strategy_holds_its_share_of_16_bytes_per_parameter() -> None:
-    n, ranks = 1_000_000, 8
-    ddp = state_bytes(n, "32-true", OPTION["ddp"], ranks)
-    assert (ddp.parameters, ddp.gradients, ddp.optimizer) == (4 * n, 4 * n, 8 * n)
-    assert state_bytes(n, "bf16-mixed", OPTION["fsdp2"], ranks).total == 16 * n / ranks  # fp32 master weights
-    assert state_bytes(n, "bf16-true", OPTION["fsdp2"], ranks).total == 8 * n / ranks
-    zero1 = state_bytes(n, "32-true", OPTION["deepspeed zero1"], ranks)
-    assert (zero1.parameters, zero1.gradients, zero1.optimizer) == (4 * n, 4 * n, 8 * n / ranks)
-    zero2 = state_bytes(n, "32-true", OPTION["deepspeed zero2"], ranks)
-    assert (zero2.parameters, zero2.gradients, zero2.optimizer) == (4 * n, 4 * n / ranks, 8 * n / ranks)
-    # DeepSpeed bf16: bf16 weights and gradients, fp32 master weights and moments (16 bytes) sharded.
-    zero3 = state_bytes(n, "bf16-mixed", OPTION["deepspeed zero3"], ranks)
-    assert zero3.total == (2 + 2 + 16) * n / ranks
-    offload = state_bytes(n, "bf16-mixed", OPTION["deepspeed zero3 + cpu offload"], ranks)
-    assert (offload.total, offload.host) == (2 * n / ranks, (2 + 16) * n / ranks)
+STRATEGIES = [
+    "ddp",
+    "zero1",
+    "zero2",
+    "hsdp",
+    "fsdp2",
+    "zero3",
+    "fsdp2_tp2",
+    "fsdp2_tp4",
+    "fsdp2_tp8",
+    "zero3_offload",
+    "zero3_nvme",
+]
+SHARDED = {"fsdp2", "zero3", "hsdp", "fsdp2_tp2", "fsdp2_tp4", "fsdp2_tp8"}
 
 
-def test_a_large_model_on_one_node_gets_fsdp2_and_a_small_one_ddp(capsys: pytest.CaptureFixture[str]) -> None:
-    rows, verdict = run_plan(capsys, "fsdp2-large-node")
-    assert list(rows) == [option.label for option in OPTIONS]
-    assert rows["ddp"][-1] == "no" and rows["fsdp2"][-1] == "yes"
-    assert verdict.startswith("recommended: fsdp2 (recipe fsdp2-node)")
-    # The same model with enough memory per GPU needs no sharding.
-    _, verdict = run_plan(capsys, "fsdp2-large-node", "--gpu_memory_gib", "1000")
-    assert verdict.startswith("recommended: ddp")
+def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    """The plan of a command line, as JSON."""
+    main(["plan", *args, "--json"])
+    return json.loads(capsys.readouterr().out)
 
 
-def test_when_only_offload_fits_it_is_recommended_and_when_nothing_fits_the_plan_says_so(
+def recommended(capsys: pytest.CaptureFixture[str], *args: str) -> str | None:
+    plan = plan_json(capsys, *args)
+    return plan["recommended"] and plan["recommended"]["strategy"]
+
+
+def test_a_125m_model_on_a_node_of_80_gb_gpus_gets_ddp(capsys: pytest.CaptureFixture[str]) -> None:
+    assert recommended(capsys, "--parameters", "125e6", "--gpu", "A100-80GB", "--train.micro_batch_size", "8") == "ddp"
+
+
+def test_70b_on_8_nodes_of_8_x_80_gb_gets_a_sharded_strategy(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = plan_json(capsys, "--parameters", "70e9", "--gpu", "H100", "--num_nodes", "8")
+    assert plan["world_size"] == 64 and plan["recommended"]["strategy"] in SHARDED
+    fits = {option["strategy"]: option["fits"] for option in plan["options"]}
+    assert not fits["ddp"] and not fits["zero1"]
+
+
+def test_70b_on_one_node_of_8_x_24_gb_gets_offload(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = plan_json(capsys, "--parameters", "70e9", "--gpu", "RTX-4090")
+    assert plan["recommended"]["strategy"] == "zero3_offload"
+    assert plan["recommended"]["activation_checkpointing"] is True
+    assert [option["strategy"] for option in plan["options"] if option["fits"]] == ["zero3_offload", "zero3_nvme"]
+    # Without the host RAM for it, only NVMe is left.
+    assert recommended(capsys, "--parameters", "70e9", "--gpu", "RTX-4090", "--host_memory_gib", "512") == "zero3_nvme"
+
+
+def test_a_model_whose_single_layer_does_not_fit_gets_tensor_parallel(capsys: pytest.CaptureFixture[str]) -> None:
+    # 262144 tokens through a layer with a 16x-wide MLP: one layer's activations alone exceed 80 GB.
+    long_and_wide = ["--model.n_layer", "2", "--model.n_embd", "4096", "--model.n_head", "32", "--model.mlp_ratio"]
+    long_and_wide += ["16", "--model.vocab_size", "256", "--model.block_size", "262144", "--gpu", "H100"]
+    plan = plan_json(capsys, *long_and_wide)
+    usable = plan["device"]["usable_bytes"]
+    for option in plan["options"]:
+        if not option["strategy"].startswith("fsdp2_tp"):  # even checkpointed, one rebuilt layer is too much
+            assert option["activation_bytes_with_checkpointing"] > usable and not option["fits"]
+    assert plan["recommended"]["strategy"].startswith("fsdp2_tp")
+    assert plan["recommended"]["tensor_parallel_size"] > 1
+
+
+def test_the_json_lists_every_candidate_with_the_documented_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = plan_json(capsys, "fsdp2-node")
+    assert {"parameters", "world_size", "options", "recommended"} <= set(plan)
+    assert [option["strategy"] for option in plan["options"]] == STRATEGIES == [c.name for c in CANDIDATES]
+    for option in plan["options"]:
+        assert {
+            "strategy",
+            "model_state_bytes",
+            "runtime_extra_bytes",
+            "activation_bytes",
+            "total_bytes",
+            "fits",
+            "comm_volume_vs_ddp",
+        } <= set(option)
+        used = option["model_state_bytes"] + option["runtime_extra_bytes"] + option["activation_bytes"]
+        assert option["total_bytes"] == pytest.approx(used)
+    assert {"strategy", "recipe", "reason"} <= set(plan["recommended"])
+    comm = {option["strategy"]: option["comm_volume_vs_ddp"] for option in plan["options"]}
+    assert comm["ddp"] == comm["zero1"] == comm["zero2"] == pytest.approx(1.0)  # the ZeRO paper, section 7
+    assert comm["zero3"] == comm["fsdp2"] == pytest.approx(1.5)
+    assert comm["fsdp2_tp2"] > comm["fsdp2"]  # plus tensor parallel's per-layer all-reduces
+    hsdp = plan_json(capsys, "hsdp-multinode")["options"][3]
+    assert hsdp["strategy"] == "hsdp" and hsdp["comm_volume_vs_ddp"] == pytest.approx(1.5 + 1 / 8)
+
+
+def test_overrides_change_the_model_and_layout(capsys: pytest.CaptureFixture[str]) -> None:
+    base = plan_json(capsys, "fsdp2-node")
+    deeper = plan_json(capsys, "fsdp2-node", "--model.n_layer", "48", "--num_nodes", "2", "--precision", "bf16-true")
+    assert deeper["parameters"] > base["parameters"] and deeper["world_size"] == 16
+    assert plan_json(capsys, "fsdp2-node", "--parameters", "7e9")["parameters"] == 7_000_000_000
+
+
+def test_a_cpu_recipe_speaks_of_cpu_processes_and_a_tiny_model_of_readable_units(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    recipe = load_recipe(RECIPES / "deepspeed-zero3-offload-multinode.yaml")
-    rows, verdict = run_plan(capsys, "deepspeed-zero3-offload-multinode", "--gpu_memory_gib", "4")
-    assert [label for label, row in rows.items() if row[-1] == "yes"] == ["deepspeed zero3 + cpu offload"]
-    assert verdict.startswith(
-        "recommended: deepspeed zero3 with CPU offload (recipe deepspeed-zero3-offload-multinode)"
+    main(["plan", "cpu-debug"])
+    out = capsys.readouterr().out
+    assert "GPU(s)" not in out and "2 CPU process(es)" in out
+    assert "0.00 B" not in out and "869.50 K parameters" in out and "MiB (2^20 bytes)" in out
+    assert "recommended: ddp (from recipe cpu-debug)" in out
+
+
+def test_write_fills_the_recommended_strategy_into_a_nested_recipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "mine.yaml"
+    main(["plan", "--parameters", "70e9", "--gpu", "RTX-4090", "--write", str(target)])
+    assert f"wrote {target}" in capsys.readouterr().out
+    recipe = yaml.safe_load(target.read_text())
+    assert target.read_text().startswith("# Written by")
+    assert recipe["strategy"]["name"] == "deepspeed"
+    assert recipe["strategy"]["deepspeed"] == {
+        "stage": 3,
+        "offload_optimizer": "cpu",
+        "offload_parameters": "cpu",
+        "nvme_path": None,
+    }
+    assert recipe["strategy"]["activation_checkpointing"] is True
+    assert (recipe["model"]["n_layer"], recipe["model"]["n_embd"], recipe["devices"]) == (80, 8192, 8)
+    assert "deepspeed_stage" not in recipe["strategy"] and "offload_optimizer" not in recipe["strategy"]
+
+
+def plan_for(name: str) -> Plan:
+    """The plan of a library recipe on H100s joined by InfiniBand, computed directly."""
+    recipe = load_recipe(RECIPES / f"{name}.yaml")
+    device = plan_device(Namespace(gpu="H100", gpu_memory_gib=None), recipe)
+    inputs = plan_inputs(recipe, gpt_parameters(recipe.model), device, INTERCONNECTS["infiniband"], 0.1)
+    return plan(inputs)
+
+
+def test_a_written_tensor_parallel_recipe_has_its_size_under_fsdp2() -> None:
+    result = plan_for("fsdp2-node")
+    tp4 = next(candidate for candidate in CANDIDATES if candidate.name == "fsdp2_tp4")
+    chosen = Plan(result.inputs, result.estimates, estimate(tp4, result.inputs, 2), micro_batch=2, reason="")
+    base = yaml.safe_load((RECIPES / "fsdp2-tp-multinode.yaml").read_text())
+    recipe = written_recipe(base, {"n_layer": 24}, chosen)
+    assert recipe["strategy"]["name"] == "fsdp2"
+    assert recipe["strategy"]["fsdp2"] == {"tensor_parallel_size": 4, "float8": False}
+    assert "tensor_parallel_size" not in recipe["strategy"]
+    assert (recipe["devices"], recipe["num_nodes"], recipe["model"]["n_layer"]) == (8, 1, 24)
+    # The global batch is kept: micro batch 8 x 4 accumulation becomes 2 x 16.
+    assert (recipe["train"]["micro_batch_size"], recipe["train"]["grad_accum_steps"]) == (2, 16)
+
+
+def test_plan_runs_without_importing_torch() -> None:
+    code = (
+        "import sys\n"
+        "from {{ cookiecutter.package_name }}.cli import dispatch\n"
+        "dispatch(['plan', 'fsdp2-large-node', '--json'])\n"
+        "assert 'torch' not in sys.modules, 'plan imported torch'\n"
     )
-    assert recipe.num_nodes > 1
-    _, verdict = run_plan(capsys, "deepspeed-zero3-offload-multinode", "--gpu_memory_gib", "0.5")
-    assert verdict.startswith("nothing fits")
-
-
-def test_the_table_reports_gib_per_gpu_from_the_recipes_model(capsys: pytest.CaptureFixture[str]) -> None:
-    rows, _ = run_plan(capsys, "fsdp2-node")
-    recipe = load_recipe(RECIPES / "fsdp2-node.yaml")
-    from {{ cookiecutter.package_name }}.models import count_parameters
-
-    expected = state_bytes(count_parameters(recipe.model), recipe.precision, OPTION["fsdp2"], recipe.world_size)
-    assert float(rows["fsdp2"][3]) == pytest.approx(expected.total / GIB, abs=0.01)
+    result = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["recommended"]
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        (["--gpu", "X100"], "--gpu=X100: not in the table"),
+        (["--margin", "1"], "--margin=1 must be in [0, 1)"),
         (["--gpu_memory_gib", "0"], "--gpu_memory_gib=0 must be > 0"),
-        (["--headroom", "1"], "--headroom=1 must be in [0, 1)"),
+        (["--interconnect", "carrier-pigeon"], "--interconnect=carrier-pigeon: choose"),
+        (["--model.n_head", "7"], "n_head"),
     ],
 )
-def test_impossible_memory_settings_are_refused_in_one_line(
+def test_impossible_settings_are_refused_in_one_line(
     args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exited:

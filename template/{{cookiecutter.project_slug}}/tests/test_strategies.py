@@ -17,8 +17,8 @@ import pytest
 from helpers import PACKAGE, RECIPES, TINY, cli_env, recipe_args, run_cli, run_nodes, train_args, train_losses
 
 from {{ cookiecutter.package_name }}.models import count_parameters
-from {{ cookiecutter.package_name }}.plan import OPTIONS, state_bytes
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
+from {{ cookiecutter.package_name }}.sizing import torch_model_states
 
 pytestmark = pytest.mark.slow
 
@@ -171,8 +171,8 @@ def test_fsdp2_holds_about_half_of_ddps_training_state_per_rank(tmp_path: Path) 
         assert rank_bytes <= 0.55 * ddp[0], f"fsdp2 rank holds {rank_bytes} bytes, ddp {ddp[0]}"
     # `plan` estimates the same from the parameter count (AdamW's per-tensor step counters aside).
     recipe = parse_recipe(["--config", str(RECIPES / "cpu-debug.yaml"), *TINY])
-    parameters, options = count_parameters(recipe.model), {option.label: option for option in OPTIONS}
-    for measured, label in ((ddp, "ddp"), (fsdp2, "fsdp2")):
-        estimate = state_bytes(parameters, recipe.precision, options[label], ranks=2).total
-        assert max(measured) == pytest.approx(estimate, rel=1e-3), label
+    parameters = count_parameters(recipe.model)
+    for measured, stage in ((ddp, 0), (fsdp2, 3)):  # ddp replicates (stage 0); fully_shard shards all (stage 3)
+        estimate = torch_model_states(parameters, recipe.precision, stage, data_parallel=2).total
+        assert max(measured) == pytest.approx(estimate, rel=1e-3), stage
     print(f"training state per rank: ddp {ddp[0]} B, fsdp2 {fsdp2} B, ratio {max(fsdp2) / ddp[0]:.3f}")

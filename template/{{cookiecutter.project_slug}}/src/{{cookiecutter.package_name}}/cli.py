@@ -57,11 +57,9 @@ def build_parser() -> ArgumentParser:
     consolidate.add_argument("output", help="File to write the model weights to.")
     checkpoint_commands.add_subcommand("consolidate", consolidate, help="One weights file for plain PyTorch.")
 
-    planner = ArgumentParser(exit_on_error=False, description="GPU memory of the training state per strategy.")
-    planner.add_argument("recipe", help="Recipe name or path: its model, precision, devices and nodes.")
-    planner.add_argument("--gpu_memory_gib", type=float, default=80.0, help="Memory of one GPU in GiB.")
-    planner.add_argument("--headroom", type=float, default=0.3, help="Fraction of it kept for activations.")
-    commands.add_subcommand("plan", planner, help="Which strategy fits a recipe's model on its GPUs.")
+    from {{ cookiecutter.package_name }}.commands import plan_parser
+
+    commands.add_subcommand("plan", plan_parser(PROG), help="Which strategy for a model on a cluster.")
 
     slurm = ArgumentParser(exit_on_error=False, description="Print an sbatch script for a recipe (nodes, tasks, GPUs).")
     slurm.add_argument("recipe", help="Recipe name or path.")
@@ -109,6 +107,11 @@ def dispatch(argv: list[str]) -> None:
 
         train(recipe)
         return
+    if argv[:1] == ["plan"]:  # its own options and every recipe field as an override
+        from {{ cookiecutter.package_name }}.commands import print_plan
+
+        print_plan(argv[1:], PROG)
+        return
     if argv in ([], ["recipes"], ["checkpoint"]):  # a command without its subcommand: show the choices
         with contextlib.suppress(SystemExit):
             build_parser().parse_args([*argv, "--help"])
@@ -127,8 +130,6 @@ def dispatch(argv: list[str]) -> None:
         commands.print_sample(args.sample)
     elif args.command == "export":
         commands.export_checkpoint(args.export)
-    elif args.command == "plan":
-        commands.print_plan(args.plan)
     elif args.command == "checkpoint":
         sub = args.checkpoint
         if sub.action == "list":

@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from jsonargparse import ArgumentParser
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.checks import needs_gpu
@@ -18,6 +20,9 @@ from {{ cookiecutter.package_name }}.recipe.library import find_recipe
 from {{ cookiecutter.package_name }}.recipe.load import load_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.strategies import strategy_for
+
+if TYPE_CHECKING:
+    from {{ cookiecutter.package_name }}.plan import Device  # plan imports sizing: only when planning
 
 
 def describe(recipe: Recipe) -> str:
@@ -110,18 +115,134 @@ def consolidate_checkpoint(name: str, output: str) -> None:
     print(f"      model.load_state_dict(torch.load('{output}', weights_only=True))")
 
 
-def print_plan(args: Any) -> None:
-    """Print the training state per GPU of every strategy for a recipe's model and layout, and a recommendation."""
-    from {{ cookiecutter.package_name }}.models import count_parameters  # imports torch
-    from {{ cookiecutter.package_name }}.plan import plan
+def plan_parser(prog: str) -> ArgumentParser:
+    """`plan`'s own options; every recipe field is an override as well (`--model.n_layer 48`, `--devices 8`)."""
+    from {{ cookiecutter.package_name }}.hardware import GPUS, INTERCONNECTS
 
-    if args.gpu_memory_gib <= 0:
-        raise RecipeError(f"--gpu_memory_gib={args.gpu_memory_gib:g} must be > 0")
-    if not 0 <= args.headroom < 1:
-        raise RecipeError(f"--headroom={args.headroom:g} must be in [0, 1): the fraction of GPU memory kept free")
-    recipe = load_recipe(find_recipe(args.recipe))
-    lines, verdict = plan(recipe, count_parameters(recipe.model), args.gpu_memory_gib, args.headroom)
-    print("\n".join([*lines, "", verdict]))
+    planner = ArgumentParser(
+        prog=f"{prog} plan",
+        exit_on_error=False,
+        description="Memory per device, communication and a step-time bound of every strategy, and the one to pick."
+        " Every recipe field is an override too: --model.n_layer, --model.block_size (sequence length),"
+        " --devices, --num_nodes, --precision, --train.micro_batch_size, ...",
+    )
+    known = ", ".join(name for name, gpu in GPUS.items() if gpu.memory_mib)
+    planner.add_argument("recipe", nargs="?", default=None, help="Recipe name or path (first); none: 8 GPUs, bf16.")
+    planner.add_argument("--parameters", type=float, default=None, help="A bare parameter count, e.g. 70e9.")
+    planner.add_argument("--gpu", default="H100", help=f"A GPU of the table in hardware.py: {known}, ...")
+    planner.add_argument("--gpu_memory_gib", type=float, default=None, help="Memory per device instead of the table's.")
+    planner.add_argument("--interconnect", default="infiniband", help=f"Between nodes: {', '.join(INTERCONNECTS)}.")
+    planner.add_argument("--margin", type=float, default=0.1, help="Fraction of device memory kept free.")
+    planner.add_argument("--host_memory_gib", type=float, default=None, help="Host RAM per node, for CPU offload.")
+    planner.add_argument("--write", default=None, help="Write the recommended recipe to this file.")
+    planner.add_argument("--json", action="store_true", help="Print the plan as JSON (schema in the README).")
+    return planner
+
+
+# With no recipe, `plan` starts from a node of 8 GPUs training in bf16-mixed, one sequence per micro-batch.
+PLAN_DEFAULTS = [
+    "--accelerator",
+    "cuda",
+    "--devices",
+    "8",
+    "--precision",
+    "bf16-mixed",
+    "--train.micro_batch_size",
+    "1",
+]
+PLAN_FLAGS = ("--parameters", "--gpu", "--gpu_memory_gib", "--interconnect", "--margin", "--host_memory_gib", "--write")
+
+
+def split_plan_arguments(argv: list[str]) -> tuple[str | None, list[str], list[str]]:
+    """(recipe or None, plan's own options, recipe overrides) of `plan [RECIPE] [options] [overrides]`."""
+    name = argv[0] if argv and not argv[0].startswith("-") else None
+    own: list[str] = []
+    overrides: list[str] = []
+    rest = argv[1:] if name else argv
+    while rest:
+        token, rest = rest[0], rest[1:]
+        if token.split("=")[0] in PLAN_FLAGS and "=" not in token and rest:
+            own, rest = [*own, token, rest[0]], rest[1:]
+        elif token.split("=")[0] in (*PLAN_FLAGS, "--json", "-h", "--help"):
+            own.append(token)
+        else:
+            overrides.append(token)
+    return name, own, overrides
+
+
+def plan_device(options: Any, recipe: Recipe) -> Device:
+    """The device the plan assumes: a row of the hardware table (or a CPU process), its memory overridable."""
+    from {{ cookiecutter.package_name }}.hardware import GPUS, PCIE_PEER_GB_S, gpu_model, precision_column
+    from {{ cookiecutter.package_name }}.plan import Device
+
+    memory = int(options.gpu_memory_gib * 2**30) if options.gpu_memory_gib else None
+    if recipe.accelerator == "cpu":
+        name = "CPU" + ("" if memory else " (16 GiB per process assumed; set --gpu_memory_gib)")
+        return Device(name, memory or 16 * 2**30, None, 0.0)
+    row = gpu_model(options.gpu)
+    if row is None:
+        known = ", ".join(name for name, gpu in GPUS.items() if gpu.memory_mib)
+        raise RecipeError(f"--gpu={options.gpu}: not in the table (choose {known}, or another row of hardware.py)")
+    gpu = GPUS[row]
+    if memory is None and gpu.memory_mib is None:
+        raise RecipeError(f"--gpu={options.gpu}: the table has no memory figure for the {row} (add --gpu_memory_gib)")
+    name = f"{row} ({options.gpu_memory_gib:g} GiB)" if memory else row
+    peak = gpu.peaks.get(precision_column(recipe.precision))
+    return Device(name, memory or (gpu.memory_mib or 0) * 2**20, peak, gpu.intra_node_gb_s or PCIE_PEER_GB_S)
+
+
+def print_plan(argv: list[str], prog: str) -> None:
+    """`plan [RECIPE] [options] [recipe overrides]`: print (or --write, --json) the plan. Imports no torch."""
+    import dataclasses
+    import json
+    import sys
+
+    import yaml
+
+    from {{ cookiecutter.package_name }}.hardware import INTERCONNECTS
+    from {{ cookiecutter.package_name }}.plan import plan, plan_inputs
+    from {{ cookiecutter.package_name }}.plan_report import library_recipe, reference_model, render, to_json, written_recipe
+    from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, recipe_parser
+    from {{ cookiecutter.package_name }}.sizing import gpt_parameters
+
+    name, own, overrides = split_plan_arguments(argv)
+    try:
+        options = plan_parser(prog).parse_args([*own] + ([name] if name else []))
+    except Exception as error:  # jsonargparse's ArgumentError spans lines; keep the first
+        raise RecipeError(str(error).strip().splitlines()[0]) from None
+    if options.interconnect not in INTERCONNECTS:
+        raise RecipeError(f"--interconnect={options.interconnect}: choose {', '.join(INTERCONNECTS)}")
+    for flag in ("gpu_memory_gib", "parameters", "host_memory_gib"):
+        if getattr(options, flag) is not None and getattr(options, flag) <= 0:
+            raise RecipeError(f"--{flag}={getattr(options, flag):g} must be > 0")
+    if not 0 <= options.margin < 1:
+        raise RecipeError(f"--margin={options.margin:g} must be in [0, 1): the fraction of device memory kept free")
+    base = ["--config", str(find_recipe(name))] if name else list(PLAN_DEFAULTS)
+    if options.parameters and not name:  # a bare count: plan it on the nearest reference shape
+        reference = reference_model(options.parameters).items()
+        base += [arg for key, value in reference for arg in (f"--model.{key}", str(value))]
+    recipe = parse_recipe([*base, *overrides], recipe_parser(f"{prog} plan"))
+    device = plan_device(options, recipe)
+    parameters = int(options.parameters) if options.parameters else gpt_parameters(recipe.model)
+    host = options.host_memory_gib * 2**30 if options.host_memory_gib else None
+    result = plan(plan_inputs(recipe, parameters, device, INTERCONNECTS[options.interconnect], options.margin, host))
+    if options.json:
+        print(json.dumps(to_json(result), indent=2))
+    else:
+        model = recipe.model
+        shape = f"n_layer={model.n_layer}, n_embd={model.n_embd}, n_head={model.n_head}, vocab_size={model.vocab_size}"
+        print(render(result, shape))
+    if options.write:
+        if result.recommended is None:
+            raise RecipeError(f"--write {options.write}: {result.reason}")
+        target = Path(options.write)
+        if target.exists():
+            raise RecipeError(f"--write {target}: the file exists (choose another name)")
+        library = yaml.safe_load(find_recipe(library_recipe(result.recommended.candidate, result.inputs)).read_text())
+        recipe_dict = written_recipe(library, dataclasses.asdict(recipe.model), result)
+        header = f"# Written by `{prog} plan`: {result.reason}\n"
+        target.write_text(header + yaml.safe_dump(recipe_dict, sort_keys=False))
+        print(f"wrote {target}", file=sys.stderr if options.json else sys.stdout)
 
 
 def print_sbatch(args: Any) -> None:

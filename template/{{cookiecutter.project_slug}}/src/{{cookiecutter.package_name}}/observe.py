@@ -224,7 +224,7 @@ class Monitor:
             if self.peak is None:
                 self.progress.write(
                     f"MFU not reported: no dense peak for {device_name!r} at precision {recipe.precision} in"
-                    " hardware.PEAK_TFLOPS; set logger.peak_tflops to report it"
+                    " hardware.GPUS; set logger.peak_tflops to report it"
                 )
         self._start_window(start_step)
 

@@ -1,107 +1,339 @@
-"""`plan RECIPE`: how much GPU memory the training state needs per GPU under each strategy, and which to pick.
+"""`plan`: the memory, communication and step time of every strategy for a model on a cluster, and the one to pick.
 
-The training state is parameters, gradients and AdamW's two moments: 16 bytes per parameter in fp32
-or with fp32 master weights (bf16-mixed, 16-mixed), 8 with bf16-true, and DeepSpeed's bf16 keeps bf16
-weights and gradients beside fp32 master weights and moments (16 + 2 + 2). Each strategy holds a
-different part of it on a GPU:
+Torch-free: the numbers come from `sizing` (the ZeRO paper's model states, Korthikanti et al.'s
+activations, this project's own model), `hardware` (GPU memory, peak FLOP/s, links) and the strategy
+families (strategies/*.py `plan_options`): each declares its candidates (ZeRO stage, tensor parallel,
+offload, communication, library recipes, the reason it is chosen), the bytes its runtime adds, and the
+`strategy:` section that selects it. This module knows no strategy by name.
 
-    ddp                   everything, on every GPU
-    zero1                 optimizer state / data-parallel ranks
-    zero2, SHARD_GRAD_OP  gradients and optimizer state / ranks
-    fsdp2, zero3          everything / ranks (hsdp: / GPUs of a node)
-    + offload to cpu      optimizer state (zero1-3) and parameters (zero3) in host RAM instead
+Per device, each candidate holds:
 
-Activations are not included: they depend on batch, sequence length and activation checkpointing,
-so the plan leaves `headroom` of the GPU for them and for the framework's buffers. The choice follows
-the rules of thumb in the README: ddp when it fits, FSDP2 when it does not, DeepSpeed ZeRO-3 with CPU
-offload when even that does not fit; tensor parallelism is for layers too large or FSDP that stops
-scaling, which memory alone does not show.
+    model states  the ZeRO paper's figure for its stage over its data-parallel ranks (offload: none on the GPU)
+    runtime extra what the runtime adds to the paper (each family's `plan_runtime_terms`: gradient buckets,
+                  gathered layers, fp32 gradient copies), so the paper column can be checked against the
+                  paper and paper + extra against a measured run
+    activations   with and without checkpointing; the total uses checkpointing only where it is needed
+
+Communication per micro-batch step relative to ddp's gradient all-reduce (2 x parameters): 1x for ddp
+and ZeRO 1-2, 1.5x for ZeRO-3 / FSDP2 (ZeRO paper, section 7), hsdp 1.5x inside a node plus 1/devices
+across nodes, tensor parallel four all-reduces of s*b*h per layer per micro-batch. The step time is a
+lower bound: max(FLOPs / peak, data-parallel bytes / bandwidth, host or NVMe traffic) + tensor-parallel
+all-reduces (they sit on the critical path), for one optimizer step of the recipe's global batch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from {{ cookiecutter.package_name }}.hardware import NVME_GB_S, PCIE_GB_S
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.strategies import REGISTRY, PlanOption, strategy_class
+from {{ cookiecutter.package_name }}.sizing import (
+    MIXED,
+    Activations,
+    Shape,
+    States,
+    activations,
+    count_parameters,
+    gpt_shape,
+    layer_activations,
+    layer_parameters,
+    training_flops_per_token,
+    zero_model_states,
+)
+from {{ cookiecutter.package_name }}.strategies import REGISTRY, PlanOption, TrainingStrategy
+from {{ cookiecutter.package_name }}.strategies.base import PlanSizes
 
-GIB = 2**30
+GIB, GB = 2**30, 1e9
 
 
 @dataclass(frozen=True)
-class StateBytes:
-    """Bytes of training state one GPU holds (and what lives in host RAM instead)."""
+class Candidate:
+    """One strategy the plan weighs: an option a strategy family declared, and that family."""
 
-    parameters: float
-    gradients: float
-    optimizer: float
-    host: float = 0.0
+    strategy: TrainingStrategy
+    option: PlanOption
 
     @property
-    def total(self) -> float:
-        return self.parameters + self.gradients + self.optimizer
+    def name(self) -> str:
+        return self.option.name
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.option.tensor_parallel
 
 
-# Every strategy family says how it holds the state (strategies/*.py `plan_options`).
-OPTIONS: tuple[PlanOption, ...] = tuple(
-    option for name in REGISTRY for option in strategy_class(name)(Recipe()).plan_options()
-)
-
-
-def state_bytes(parameters: int, precision: str, option: PlanOption, ranks: int) -> StateBytes:
-    """Training state per GPU for `parameters` parameters trained with AdamW by `option` over `ranks` ranks."""
-    if option.fp32_master_in_optimizer and precision.startswith(("bf16", "16")):
-        weight, grad, optim = 2, 2, 16  # low-precision weights and gradients; fp32 master weights and moments
-    elif precision == "bf16-true":
-        weight, grad, optim = 2, 2, 4
-    else:
-        weight, grad, optim = 4, 4, 8
-    sizes: list[float] = [parameters * weight, parameters * grad, parameters * optim]
-    sizes = [size / ranks if sharded else size for size, sharded in zip(sizes, option.shards, strict=True)]
-    offload_params, offload_optimizer = option.offload
-    host = (sizes[0] if offload_params else 0) + (sizes[2] if offload_optimizer else 0)
-    return StateBytes(
-        parameters=0.0 if offload_params else sizes[0],
-        gradients=sizes[1],
-        optimizer=0.0 if offload_optimizer else sizes[2],
-        host=host,
+def cost(candidate: Candidate) -> tuple[int, int, float, int, bool]:
+    """Cheaper first: no host or NVMe traffic, then no tensor parallel (its all-reduces sit on the critical path),
+    then less data-parallel communication (1x before 1.5x), a lower ZeRO stage, and hsdp before full sharding,
+    since only a shard of the gradients crosses the nodes. Ties keep the registry's order (fsdp2 before zero3)."""
+    option = candidate.option
+    return (
+        ("none", "cpu", "nvme").index(option.offload),
+        option.tensor_parallel,
+        option.comm_vs_ddp,
+        option.stage,
+        not option.hybrid,
     )
 
 
-def plan(recipe: Recipe, parameters: int, gpu_memory_gib: float, headroom: float) -> tuple[list[str], str]:
-    """The table of every option for the recipe's model and layout, and the recommendation (lines of text)."""
-    ranks = recipe.world_size
-    budget = gpu_memory_gib * (1 - headroom) * GIB
-    lines = [
-        f"model: {parameters / 1e9:.2f} B parameters (n_layer={recipe.model.n_layer}, n_embd={recipe.model.n_embd},"
-        f" vocab_size={recipe.model.vocab_size}), AdamW, precision {recipe.precision}",
-        f"layout: {recipe.devices} GPU(s) x {recipe.num_nodes} node(s) = {ranks} data-parallel ranks;"
-        f" {gpu_memory_gib:g} GiB per GPU, {budget / GIB:.1f} GiB for training state"
-        f" ({headroom:.0%} left for activations and buffers)",
-        "",
-        f"{'strategy':<30} {'params':>8} {'grads':>8} {'optim':>8} {'GiB/GPU':>8} {'host/node':>10}  fits",
-    ]
-    fitting = []
-    for option in OPTIONS:
-        state = state_bytes(parameters, recipe.precision, option, ranks)
-        fits = state.total <= budget
-        if fits:
-            fitting.append(option)
-        host = state.host * recipe.devices / GIB
-        lines.append(
-            f"{option.label:<30} {state.parameters / GIB:8.2f} {state.gradients / GIB:8.2f}"
-            f" {state.optimizer / GIB:8.2f} {state.total / GIB:8.2f} {host:10.1f}  {'yes' if fits else 'no'}"
-        )
-    return lines, recommendation(recipe, fitting)
+STRATEGIES = [family(Recipe()) for family in REGISTRY.values()]  # their plan options need no recipe of their own
+CANDIDATES = tuple(sorted((Candidate(s, option) for s in STRATEGIES for option in s.plan_options()), key=cost))
 
 
-def recommendation(recipe: Recipe, fitting: list[PlanOption]) -> str:
-    """The preferred strategy that fits (ddp -> fsdp2 -> ZeRO-3 with CPU offload), and why."""
-    candidates = sorted((option for option in fitting if option.why), key=lambda option: option.preference)
-    if not candidates:
-        return (
-            "nothing fits: add GPUs or nodes (the sharded state shrinks with every rank), or offload to NVMe"
-            " (recipe deepspeed-zero3-nvme-node)"
-        )
-    best = candidates[0]
-    return f"recommended: {best.title or best.label} (recipe {best.recipes[recipe.num_nodes > 1]}): {best.why}"
+@dataclass(frozen=True)
+class Device:
+    """One device as the plan assumes it."""
+
+    name: str
+    memory_bytes: int
+    peak_tflops: float | None  # dense, at the plan's precision; None: no step-time bound
+    intra_node_gb_s: float
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the plan is asked about: a model, a layout, a device and its links."""
+
+    shape: Shape
+    parameters: int
+    precision: str
+    devices: int
+    num_nodes: int
+    micro_batch: int
+    grad_accum: int
+    gpu: Device
+    inter_node_gb_s: float
+    margin: float = 0.1
+    cpu: bool = False
+    host_memory_bytes: float | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
+
+    @property
+    def budget(self) -> float:
+        return self.gpu.memory_bytes * (1 - self.margin)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One candidate's bytes per device, communication and step-time bound."""
+
+    candidate: Candidate
+    unavailable: str | None  # why it cannot run this layout, or None
+    states: States
+    offloaded: float  # bytes per node in host RAM (cpu) or on NVMe (nvme)
+    runtime_terms: tuple[tuple[str, float], ...]
+    activations: Activations
+    checkpointing: bool
+    total: float
+    fits: bool
+    comm_vs_ddp: float
+    step_seconds: float | None
+
+    @property
+    def runtime_extra(self) -> float:
+        return sum(value for _, value in self.runtime_terms)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every estimate and the recommendation (None when nothing fits)."""
+
+    inputs: Inputs
+    estimates: list[Estimate]
+    recommended: Estimate | None = None
+    micro_batch: int = 0
+    reason: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_inputs(
+    recipe: Any,
+    parameters: int,
+    gpu: Device,
+    inter_node_gb_s: float,
+    margin: float,
+    host_memory_bytes: float | None = None,
+) -> Inputs:
+    """The plan's inputs from a resolved `Recipe` (model, layout, precision, batch) and the hardware."""
+    return Inputs(
+        shape=gpt_shape(recipe.model),
+        parameters=parameters,
+        precision=recipe.precision,
+        devices=recipe.devices,
+        num_nodes=recipe.num_nodes,
+        micro_batch=recipe.train.micro_batch_size,
+        grad_accum=recipe.train.grad_accum_steps,
+        gpu=gpu,
+        inter_node_gb_s=inter_node_gb_s,
+        margin=margin,
+        cpu=recipe.accelerator == "cpu",
+        host_memory_bytes=host_memory_bytes,
+    )
+
+
+def unavailable(candidate: Candidate, inputs: Inputs) -> str | None:
+    """Why a candidate cannot run the layout (the recipe checks would refuse it), or None."""
+    option, shape, t = candidate.option, inputs.shape, candidate.tensor_parallel
+    if inputs.cpu and not option.runs_on_cpu:
+        return f"{option.name} runs on GPUs only"
+    if option.hybrid and inputs.num_nodes < 2:
+        return f"{option.name} needs num_nodes >= 2"
+    if t > 1 and (inputs.devices % t or shape.n_head % t or shape.n_kv_head % t):
+        return f"tensor parallel {t} must divide devices={inputs.devices} and the heads"
+    return None
+
+
+def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate:
+    """Bytes, communication and step time of one candidate at one micro-batch size."""
+    shape, precision, option, t = inputs.shape, inputs.precision, candidate.option, candidate.tensor_parallel
+    scale = inputs.parameters / count_parameters(shape)  # a bare --parameters count on a reference shape
+    local = count_parameters(shape, t) * scale  # parameters on one tensor-parallel rank
+    layer = layer_parameters(shape, t) * scale
+    data_parallel = max(1, (inputs.devices if option.hybrid else inputs.world_size) // t)
+    paper = zero_model_states(local, precision, option.stage, data_parallel)
+    sizes = PlanSizes(local, layer, local - shape.n_layer * layer, precision, data_parallel)
+    extra = candidate.strategy.plan_runtime_terms(option, sizes)
+    offloaded = 0.0
+    if option.offload != "none":  # the states (and what lives with the optimizer) leave the GPU, per node
+        offloaded = (paper.total + sum(term.bytes for term in extra if term.with_optimizer)) * inputs.devices
+        paper = States(0.0, 0.0, 0.0)
+        extra = [term for term in extra if not term.with_optimizer]
+    terms = tuple((term.label, term.bytes) for term in extra)
+    sixteen_bit = option.sixteen_bit_module and precision in MIXED
+    acts = activations(shape, micro_batch, "bf16-true" if sixteen_bit else precision, t)
+    base = paper.total + sum(value for _, value in terms)
+    checkpointing = base + acts.held > inputs.budget
+    total = base + (acts.checkpointed_peak if checkpointing else acts.held)
+    why_not = unavailable(candidate, inputs)
+    fits = why_not is None and total <= inputs.budget
+    if option.offload == "cpu" and inputs.host_memory_bytes is not None:
+        fits = fits and offloaded <= inputs.host_memory_bytes
+    comm, seconds = communication(candidate, inputs, micro_batch, local, data_parallel, checkpointing)
+    return Estimate(candidate, why_not, paper, offloaded, terms, acts, checkpointing, total, fits, comm, seconds)
+
+
+def communication(
+    candidate: Candidate, inputs: Inputs, micro_batch: int, local: float, data_parallel: int, checkpointing: bool
+) -> tuple[float, float | None]:
+    """(volume per device relative to ddp, lower bound on the seconds of one optimizer step).
+
+    Every candidate processes the same global batch: micro_batch x grad_accum sequences per device,
+    so a tensor-parallel group of t devices runs t times as many micro-batches per data-parallel rank.
+    Sharded parameters are gathered again for every micro-batch; the gradients of ddp and ZeRO 1-2
+    are reduced once per step.
+    """
+    shape, option, t, p = inputs.shape, candidate.option, candidate.tensor_parallel, inputs.parameters
+
+    def elements(micro_batches: int) -> tuple[float, float]:
+        tokens = shape.sequence_length * micro_batch * micro_batches
+        tensor = 8 * shape.n_layer * tokens * shape.n_embd * (t - 1) / t  # 4 all-reduces per layer
+        # Unsharded parameters: the gradients are reduced once per step; sharded: gathered for every micro-batch.
+        data = option.comm_vs_ddp * 2 * local * (micro_batches if option.stage == 3 else 1)
+        return data, tensor
+
+    data, tensor = elements(t)
+    across_nodes = 2 * local / inputs.devices if option.hybrid else 0.0  # the replicas' all-reduce
+    ratio = (data + across_nodes + tensor) / (2 * p)  # one micro-batch per device, as in the ZeRO paper
+    if inputs.cpu:
+        return ratio, None
+    data, tensor = elements(inputs.grad_accum * t)
+    sixteen_bit = option.sixteen_bit_module and inputs.precision in MIXED
+    collective_bytes = 2 if sixteen_bit or inputs.precision in ("bf16-true", "16-true") else 4
+    if inputs.gpu.peak_tflops is None:
+        return ratio, None
+    tokens = shape.sequence_length * micro_batch * inputs.grad_accum
+    flops = training_flops_per_token(shape) * (p / count_parameters(shape)) * tokens
+    compute = flops * (4 / 3 if checkpointing else 1) / (inputs.gpu.peak_tflops * 1e12)
+    intra = inputs.gpu.intra_node_gb_s * GB
+    across = min(intra, inputs.inter_node_gb_s * GB / inputs.devices) if inputs.num_nodes > 1 else intra
+    if option.hybrid:  # the replicas all-reduce their shard across nodes once per step
+        network = data * collective_bytes / intra + across_nodes * collective_bytes / across
+    else:
+        network = data * collective_bytes / across if data_parallel > 1 else 0.0
+    host = 0.0
+    micro_batches = inputs.grad_accum * t
+    if option.offload == "cpu":  # parameters in twice per micro-batch (forward, backward), gradients out
+        host = (2 * micro_batches + 1) * 2 * local / data_parallel / (PCIE_GB_S * GB)
+    elif option.offload == "nvme":  # the node's drive reads and writes every rank's 16 bytes per parameter
+        host = 2 * 16 * local / data_parallel * inputs.devices / (NVME_GB_S * GB)
+    activation_bytes = 4 if inputs.precision == "32-true" else 2
+    return ratio, max(compute, network, host) + tensor * activation_bytes / intra
+
+
+def plan(inputs: Inputs) -> Plan:
+    """Every candidate at the recipe's micro batch, and the cheapest that fits (in CANDIDATES order, without
+    activation checkpointing if any fits so); when none fits, the micro batch is halved until one does."""
+    micro_batch = inputs.micro_batch
+    first = [estimate(candidate, inputs, micro_batch) for candidate in CANDIDATES]
+    estimates = first
+    while True:
+        fitting = [e for e in estimates if e.fits]
+        if fitting or micro_batch == 1:
+            break
+        micro_batch = max(1, micro_batch // 2)
+        estimates = [estimate(candidate, inputs, micro_batch) for candidate in CANDIDATES]
+    if not fitting:
+        return Plan(inputs, first, reason=nothing_fits(first, inputs))
+    # Recomputing activations costs a third more compute: the cheapest without it, else the cheapest with it.
+    order = {candidate.name: index for index, candidate in enumerate(CANDIDATES)}
+    best = min(fitting, key=lambda e: (e.checkpointing, order[e.candidate.name]))
+    if micro_batch != inputs.micro_batch:
+        first = [e if e.candidate != best.candidate else best for e in first]
+    return Plan(inputs, first, best, micro_batch, reason(best, inputs, micro_batch))
+
+
+def reason(best: Estimate, inputs: Inputs, micro_batch: int) -> str:
+    """One sentence: why this candidate (its family's `why`, filled in)."""
+    option = best.candidate.option
+    why = option.why.format(
+        device=device_word(inputs),
+        devices=inputs.devices,
+        device_plural=device_word(inputs, plural=True),
+        offloaded=size(best.offloaded),
+        tensor_parallel=option.tensor_parallel,
+        layer_activations=size(layer_activations(inputs.shape, micro_batch, inputs.precision)),
+    )
+    how = "with activation checkpointing" if best.checkpointing else "without activation checkpointing"
+    batch = f"micro batch {micro_batch}" + (
+        f" (halved from {inputs.micro_batch})" if micro_batch != inputs.micro_batch else ""
+    )
+    return (
+        f"{option.name} is the cheapest that fits ({size(best.total)} of {size(inputs.budget)} per {device_word(inputs)},"
+        f" {how}, {batch}): {why}."
+    )
+
+
+def nothing_fits(estimates: list[Estimate], inputs: Inputs) -> str:
+    """What to change when no candidate fits even at micro batch 1."""
+    smallest = min((e for e in estimates if e.unavailable is None), key=lambda e: e.total)
+    return (
+        f"nothing fits: the smallest is {smallest.candidate.name} at {size(smallest.total)} per"
+        f" {device_word(inputs)} ({size(inputs.budget)} usable); add {device_word(inputs, plural=True)} or nodes, shorten the"
+        " sequence, or use GPUs with more memory"
+    )
+
+
+def device_word(inputs: Inputs, plural: bool = False) -> str:
+    """What one device is called: GPU, or CPU process for CPU recipes."""
+    word = "CPU process" if inputs.cpu else "GPU"
+    return word + ("es" if inputs.cpu else "s") if plural else word
+
+
+def size(value: float) -> str:
+    """Bytes in the unit that keeps them readable: GiB, MiB or KiB (binary units, labelled)."""
+    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def count(value: float) -> str:
+    """A parameter count: 1.42 B, 124.4 M, 812.5 K."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f}"

@@ -43,16 +43,38 @@ class GpuRequirement:
 
 @dataclass(frozen=True)
 class PlanOption:
-    """One way a strategy family can hold the training state, as `plan` weighs it."""
+    """One way a strategy family can hold the training state, as `plan` weighs it (plan.py has the formulas)."""
 
-    label: str  # "deepspeed zero3 + cpu offload"
-    shards: tuple[bool, bool, bool]  # are parameters, gradients, optimizer state sharded over the ranks
-    recipes: tuple[str, str]  # the library recipe with this option: (one node, several nodes)
-    offload: tuple[bool, bool] = (False, False)  # parameters, optimizer state in host RAM
-    fp32_master_in_optimizer: bool = False  # low-precision weights + fp32 master copy counted with the optimizer
-    preference: int = 100  # lower: recommended first when several fit
-    title: str = ""  # its name in a recommendation, when not the label
-    why: str = ""  # the reason given when it is recommended
+    name: str  # the candidate's name in plan's table and JSON: "zero3_offload"
+    stage: int  # the ZeRO stage its model states follow: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters
+    recipes: tuple[str, str, str]  # the library recipe a written plan starts from: (CPU, one node, several nodes)
+    why: str  # the sentence when it is recommended; may name {device}, {devices} and {offloaded}
+    comm_vs_ddp: float = 1.0  # data-parallel volume per micro-batch vs ddp's all-reduce (ZeRO paper, section 7)
+    tensor_parallel: int = 1  # devices that split each layer
+    offload: str = "none"  # none | cpu | nvme: where parameters and optimizer state live
+    hybrid: bool = False  # sharded inside a node, replicated across nodes (needs num_nodes >= 2)
+    runs_on_cpu: bool = True
+    sixteen_bit_module: bool = False  # mixed precision runs a 16-bit copy of the module: activations, collectives
+
+
+@dataclass(frozen=True)
+class PlanSizes:
+    """What an option's runtime terms are computed from: parameters on one device, and the run."""
+
+    parameters: float  # on one tensor-parallel rank
+    layer: float  # of one layer on it: what a sharded runtime gathers at a time
+    root: float  # outside the layers (embeddings, final norm, head)
+    precision: str
+    data_parallel: int  # ranks the model states are sharded over
+
+
+@dataclass(frozen=True)
+class PlanTerm:
+    """Bytes a runtime holds beyond the ZeRO paper's model states, per device."""
+
+    label: str
+    bytes: float
+    with_optimizer: bool = False  # offloaded with the optimizer state when the option offloads
 
 
 class TrainingStrategy:
@@ -92,6 +114,14 @@ class TrainingStrategy:
     def plan_options(self) -> list[PlanOption]:
         """The ways of holding the training state that `plan` compares for this family."""
         return []
+
+    def plan_runtime_terms(self, option: PlanOption, sizes: PlanSizes) -> list[PlanTerm]:
+        """What this runtime holds per device beyond the paper's model states (buffers, extra copies)."""
+        return []
+
+    def plan_section(self, option: PlanOption, base: dict[str, Any]) -> dict[str, Any]:
+        """The keys of a recipe's `strategy:` section that select `option` (`base`: the library recipe's section)."""
+        return {"name": self.name}
 
     def describe(self) -> str:
         """The strategy in a few words, for `recipes validate`."""

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from {{ cookiecutter.package_name }}.strategies.base import PlanOption, TrainingStrategy, process_group_options
+from {{ cookiecutter.package_name }}.sizing import torch_model_states
+from {{ cookiecutter.package_name }}.strategies.base import (
+    PlanOption,
+    PlanSizes,
+    PlanTerm,
+    TrainingStrategy,
+    process_group_options,
+)
 
 if TYPE_CHECKING:
     from lightning.fabric.strategies import Strategy
@@ -24,10 +31,14 @@ class DDP(TrainingStrategy):
     def plan_options(self) -> list[PlanOption]:
         return [
             PlanOption(
-                "ddp",
-                (False, False, False),
-                ("ddp-node", "ddp-node"),
-                preference=0,
-                why="the model and its optimizer state fit on one GPU; nothing to shard",
+                self.name,
+                stage=0,
+                recipes=("cpu-debug", "ddp-node", "ddp-node"),
+                why="every {device} holds the whole model, its optimizer state and activations, so nothing needs sharding",
             )
         ]
+
+    def plan_runtime_terms(self, option: PlanOption, sizes: PlanSizes) -> list[PlanTerm]:
+        # Fabric's DDP keeps gradient_as_bucket_view off: its buckets are a second copy of the gradients.
+        gradients = torch_model_states(sizes.parameters, sizes.precision, 0, 1).gradients
+        return [PlanTerm("DDP gradient buckets", gradients)]

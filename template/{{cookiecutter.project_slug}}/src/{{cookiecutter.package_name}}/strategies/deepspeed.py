@@ -15,15 +15,20 @@ from typing import TYPE_CHECKING, Any
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import DeepSpeedOptions
+from {{ cookiecutter.package_name }}.sizing import MIXED
 from {{ cookiecutter.package_name }}.strategies.base import (
     GpuRequirement,
     MakeOptimizer,
     PlanOption,
+    PlanSizes,
+    PlanTerm,
     TrainingStrategy,
     gpu_only,
     prepare_blocks,
     process_group_options,
 )
+
+DEEPSPEED_BUCKET = 500_000_000  # DeepSpeed's default reduce / all-gather bucket, in elements
 
 if TYPE_CHECKING:
     import torch
@@ -75,27 +80,65 @@ class DeepSpeed(TrainingStrategy):
         return f"strategy {self.name} (ZeRO-{self.options.stage}{', ' + where if where else ''})"
 
     def plan_options(self) -> list[PlanOption]:
-        def option(stage: int, shards: tuple[bool, bool, bool], **extra: Any) -> PlanOption:
-            recipe = f"deepspeed-zero{stage}-node"
+        # DeepSpeed keeps 16-bit parameters and gradients beside its fp32 master weights under mixed
+        # precision, runs the module in 16 bits, and communicates 16-bit values. Fabric runs it on GPUs only.
+        def option(stage: int, why: str, offload: str = "none", recipes: tuple[str, str] | None = None) -> PlanOption:
+            node = f"deepspeed-zero{stage}-node"
+            name = f"zero{stage}" + {"none": "", "cpu": "_offload", "nvme": "_nvme"}[offload]
             return PlanOption(
-                f"deepspeed zero{stage}", shards, (recipe, recipe), fp32_master_in_optimizer=True, **extra
+                name,
+                stage=stage,
+                recipes=("cpu-debug", *(recipes or (node, node))),
+                why=why,
+                comm_vs_ddp=1.5 if stage == 3 else 1.0,
+                offload=offload,
+                runs_on_cpu=False,
+                sixteen_bit_module=True,
             )
 
+        offload = ("deepspeed-zero3-offload-node", "deepspeed-zero3-offload-multinode")
+        nvme = ("deepspeed-zero3-nvme-node", "deepspeed-zero3-nvme-node")
         return [
-            option(1, (False, False, True)),
-            option(2, (False, True, True)),
-            option(3, (True, True, True)),
-            PlanOption(
-                "deepspeed zero3 + cpu offload",
-                (True, True, True),
-                ("deepspeed-zero3-offload-node", "deepspeed-zero3-offload-multinode"),
-                offload=(True, True),
-                fp32_master_in_optimizer=True,
-                preference=20,
-                title="deepspeed zero3 with CPU offload",
-                why="only with optimizer state and parameters in host RAM does the state fit; check the host RAM column",
+            option(1, "sharding the optimizer state alone makes it fit, at ddp's communication volume"),
+            option(2, "sharding the optimizer state and gradients makes it fit, at ddp's communication volume"),
+            option(3, "the parameters must be sharded too (1.5x ddp's communication)"),
+            option(
+                3,
+                "only with parameters and optimizer state in host RAM ({offloaded} per node) does it fit",
+                "cpu",
+                offload,
+            ),
+            option(
+                3, "only with parameters and optimizer state on NVMe ({offloaded} per node) does it fit", "nvme", nvme
             ),
         ]
+
+    def plan_runtime_terms(self, option: PlanOption, sizes: PlanSizes) -> list[PlanTerm]:
+        local, precision = sizes.parameters, sizes.precision
+        grad = 4 if precision == "32-true" else 2  # bytes of its 16-bit (or fp32) gradients and buckets
+        bucket = min(DEEPSPEED_BUCKET, local) * grad
+        terms = []
+        if precision in MIXED and option.stage == 1:  # the bf16 optimizer accumulates gradients in fp32
+            terms.append(PlanTerm("fp32 gradient accumulation (bf16 optimizer)", 4 * local))
+        elif precision in MIXED:  # offloaded, the partition lives with the optimizer state
+            terms.append(PlanTerm("fp32 gradient partition", 4 * local / sizes.data_parallel, with_optimizer=True))
+        if option.stage < 3:
+            return [*terms, PlanTerm("overlap_comm buckets", 4.5 * 2 * bucket)]  # reduce + all-gather bucket
+        return [
+            *terms,
+            PlanTerm("gathered layers, current and prefetched", 2 * grad * sizes.layer),
+            PlanTerm("reduce bucket", bucket),
+        ]
+
+    def plan_section(self, option: PlanOption, base: dict[str, Any]) -> dict[str, Any]:
+        nvme_path = (base.get("deepspeed") or {}).get("nvme_path") or "/local_nvme"
+        options = {
+            "stage": option.stage,
+            "offload_optimizer": option.offload,
+            "offload_parameters": option.offload,
+            "nvme_path": nvme_path if option.offload == "nvme" else None,
+        }
+        return {"name": self.name, "meta_init": False, "deepspeed": options}
 
     def config_dict(self) -> dict[str, Any]:
         """The DeepSpeed config the recipe asks for (ZeRO stage, offload, clipping, bf16)."""

@@ -11,10 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import Fsdp2Options
+from {{ cookiecutter.package_name }}.sizing import torch_model_states
 from {{ cookiecutter.package_name }}.strategies.base import (
     GpuRequirement,
     MakeOptimizer,
     PlanOption,
+    PlanSizes,
+    PlanTerm,
     TrainingStrategy,
     divisors,
     process_group_options,
@@ -93,15 +96,40 @@ class FSDP2(TrainingStrategy):
         return text + f" x tensor parallel {self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else text
 
     def plan_options(self) -> list[PlanOption]:
-        return [
+        tensor_parallel = [
             PlanOption(
-                "fsdp2",
-                (True, True, True),
-                ("fsdp2-node", "fsdp2-multinode; hsdp-multinode when the links between nodes are slow"),
-                preference=10,
-                why="sharding parameters, gradients and optimizer state makes it fit",
+                f"{self.name}_tp{size}",
+                stage=3,
+                recipes=("cpu-tp-debug", "fsdp2-tp-multinode", "fsdp2-tp-multinode"),
+                why="one layer's activations ({layer_activations}) do not fit beside the sharded states;"
+                " splitting each layer over {tensor_parallel} {device_plural} does",
+                comm_vs_ddp=1.5,
+                tensor_parallel=size,
             )
+            for size in (2, 4, 8)
         ]
+        sharded = PlanOption(
+            self.name,
+            stage=3,
+            recipes=("cpu-debug", "fsdp2-node", "fsdp2-multinode"),
+            why=f"the parameters must be sharded too (1.5x ddp's communication); {self.name} is the default for that",
+            comm_vs_ddp=1.5,
+        )
+        return [sharded, *tensor_parallel]
+
+    def plan_runtime_terms(self, option: PlanOption, sizes: PlanSizes) -> list[PlanTerm]:
+        # Under bf16-mixed the parameters stay fp32 (autocast, no MixedPrecisionPolicy), so a gathered layer is fp32.
+        weight = torch_model_states(1, sizes.precision, 0, 1).parameters
+        return [
+            PlanTerm("gathered layer, current and prefetched", 2 * weight * sizes.layer),
+            PlanTerm("its unsharded gradient", weight * sizes.layer),
+            PlanTerm(
+                "root (embeddings, head) gathered for the step", weight * sizes.root * (1 - 1 / sizes.data_parallel)
+            ),
+        ]
+
+    def plan_section(self, option: PlanOption, base: dict[str, Any]) -> dict[str, Any]:
+        return {"name": self.name, "fsdp2": {"tensor_parallel_size": option.tensor_parallel, "float8": False}}
 
     def fabric_strategy(self) -> Strategy:
         from {{ cookiecutter.package_name }}.strategies.fully_shard import ModelParallel, parallelize
@@ -129,4 +157,13 @@ class HSDP(FSDP2):
     hybrid = True
 
     def plan_options(self) -> list[PlanOption]:
-        return []  # the same per-GPU state as fsdp2 (sharded over a node's GPUs); plan lists fsdp2
+        return [
+            PlanOption(
+                self.name,
+                stage=3,
+                recipes=("cpu-hsdp-debug", "hsdp-multinode", "hsdp-multinode"),
+                why="sharding inside a node is enough, so only 1/{devices} of the gradients crosses the links between nodes",
+                comm_vs_ddp=1.5,
+                hybrid=True,
+            )
+        ]

@@ -1,0 +1,181 @@
+"""What `plan` prints, returns as JSON and writes as a recipe, and the reference shapes for a bare parameter count."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+from {{ cookiecutter.package_name }}.plan import GB, GIB, Candidate, Inputs, Plan, count, device_word
+from {{ cookiecutter.package_name }}.sizing import Shape, count_parameters
+
+POWERS = {"GiB": "2^30", "MiB": "2^20", "KiB": "2^10", "B": "1"}
+
+# GPT-3 (Brown et al. 2020, table 2.1; 1.3 B with 16 heads so they divide the width), Llama-30B/70B
+# widths, and the 1 T model of Narayanan et al. 2021: the shape a bare parameter count is planned on.
+REFERENCE_SHAPES = (
+    (12, 768, 12),
+    (24, 1024, 16),
+    (24, 1536, 16),
+    (24, 2048, 16),
+    (32, 2560, 32),
+    (32, 4096, 32),
+    (40, 5120, 40),
+    (60, 6656, 52),
+    (80, 8192, 64),
+    (96, 12288, 96),
+    (128, 25600, 160),
+)
+
+
+def reference_model(parameters: float, vocab_size: int = 50304, block_size: int = 2048) -> dict[str, int]:
+    """The model fields of the reference shape whose parameter count is nearest (by ratio) to `parameters`."""
+
+    def fields(layers: int, width: int, heads: int) -> dict[str, int]:
+        return {"vocab_size": vocab_size, "block_size": block_size, "n_layer": layers, "n_embd": width, "n_head": heads}
+
+    def distance(candidate: dict[str, int]) -> float:
+        shape = Shape(candidate["vocab_size"], block_size, candidate["n_layer"], candidate["n_embd"],
+                      candidate["n_head"], candidate["n_head"], 4 * candidate["n_embd"])  # fmt: skip
+        return abs(math.log(count_parameters(shape) / parameters))
+
+    return min((fields(*shape) for shape in REFERENCE_SHAPES), key=distance)
+
+
+def library_recipe(candidate: Candidate, inputs: Inputs) -> str:
+    """The library recipe a written plan starts from (its strategy family names it)."""
+    cpu, one_node, several_nodes = candidate.option.recipes
+    return cpu if inputs.cpu else several_nodes if inputs.num_nodes > 1 else one_node
+
+
+def strategy_section(candidate: Candidate, base: dict[str, Any], checkpointing: bool, cpu: bool) -> dict[str, Any]:
+    """The nested `strategy:` section for a candidate, keeping the base recipe's timeout, compile and meta_init."""
+    section: dict[str, Any] = {
+        "name": None,  # the family's section below fills it in
+        "process_group_backend": "gloo" if cpu else "nccl",
+        "timeout_minutes": base.get("timeout_minutes", 30),
+        "activation_checkpointing": checkpointing,
+        "activation_checkpointing_every": 1,
+        "compile": base.get("compile", False),
+        "meta_init": base.get("meta_init", False) and candidate.strategy.supports_meta_init,
+    }
+    return {**section, **candidate.strategy.plan_section(candidate.option, base)}
+
+
+def written_recipe(base: dict[str, Any], model: dict[str, Any], result: Plan) -> dict[str, Any]:
+    """The recommended recipe: the library recipe `base` (as loaded from YAML) with the plan's model, layout,
+    precision, micro batch (the global batch kept by gradient accumulation) and strategy filled in."""
+    best, inputs = result.recommended, result.inputs
+    if best is None:
+        raise ValueError("nothing fits: there is no recipe to write")
+    recipe = copy.deepcopy(base)
+    recipe.update(
+        accelerator="cpu" if inputs.cpu else "cuda",
+        devices=inputs.devices,
+        num_nodes=inputs.num_nodes,
+        precision=inputs.precision,
+        out_dir=f"runs/planned-{best.candidate.name}",
+    )
+    recipe["strategy"] = strategy_section(best.candidate, base.get("strategy", {}), best.checkpointing, inputs.cpu)
+    recipe["model"] = {**recipe.get("model", {}), **model}
+    sequences = inputs.micro_batch * inputs.grad_accum
+    recipe.setdefault("train", {}).update(
+        micro_batch_size=result.micro_batch, grad_accum_steps=max(1, sequences // result.micro_batch)
+    )
+    return recipe
+
+
+def render(result: Plan, describe_model: str) -> str:
+    """The plan as a table and a recommendation, for a terminal."""
+    inputs, word = result.inputs, device_word(result.inputs)
+    largest = max(e.total for e in result.estimates)
+    unit, scale = next(((u, s) for u, s in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)) if largest >= s), ("B", 1))
+    gpu = inputs.gpu
+    lines = [
+        f"model: {count(inputs.parameters)} parameters ({describe_model}), sequence {inputs.shape.sequence_length},"
+        f" micro batch {inputs.micro_batch}, precision {inputs.precision}, AdamW",
+        f"layout: {inputs.devices} {word}({'es' if inputs.cpu else 's'}) x {inputs.num_nodes} node(s) = {inputs.world_size} ranks;"
+        f" {gpu.name}: {gpu.memory_bytes / GIB:.1f} GiB = {gpu.memory_bytes / GB:.1f} GB per {word},"
+        f" {inputs.budget / GIB:.1f} GiB usable ({inputs.margin:.0%} margin)",
+        f"bytes per {word} in {unit} ({POWERS[unit]} bytes); params/grads/optim: the ZeRO paper's model"
+        " states; runtime: what the runtime adds; act/act-ckpt: activations without / with checkpointing;"
+        " comm: volume vs ddp; step: lower bound (s) of one optimizer step",
+        "",
+        f"{'strategy':<14}{'params':>9}{'grads':>9}{'optim':>9}{'runtime':>9}{'act':>9}{'act-ckpt':>9}"
+        f"{'total':>9}{'total GB':>10}{'offload/node':>14}  {'fits':<5}{'comm':>6}{'step':>9}",
+    ]
+    for e in result.estimates:
+        cells = [e.states.parameters, e.states.gradients, e.states.optimizer, e.runtime_extra]
+        cells += [e.activations.held, e.activations.checkpointed_peak, e.total]
+        row = "".join(f"{value / scale:9.2f}" for value in cells)
+        offloaded = f"{e.offloaded / GIB:.1f} GiB" if e.offloaded else "-"
+        fits = "yes" if e.fits else ("n/a" if e.unavailable else "no")
+        step = f"{e.step_seconds:9.3f}" if e.step_seconds is not None else f"{'-':>9}"
+        mark = "*" if e.checkpointing else " "
+        lines.append(
+            f"{e.candidate.name:<14}{row}{mark}{e.total / GB:9.3g}{offloaded:>14}  {fits:<5}{e.comm_vs_ddp:5.2f}x{step}"
+        )
+    lines.append("(* total with activation checkpointing; n/a: cannot run this layout)")
+    lines.append("")
+    if result.recommended is None:
+        lines.append(result.reason)
+    else:
+        recipe = library_recipe(result.recommended.candidate, inputs)
+        lines.append(f"recommended: {result.recommended.candidate.name} (from recipe {recipe}): {result.reason}")
+    return "\n".join(lines)
+
+
+def to_json(result: Plan) -> dict[str, Any]:
+    """The plan as data (the schema is in the README, section `plan`)."""
+    inputs = result.inputs
+    options = []
+    for e in result.estimates:
+        used = e.activations.checkpointed_peak if e.checkpointing else e.activations.held
+        options.append(
+            {
+                "strategy": e.candidate.name,
+                "available": e.unavailable is None,
+                "unavailable_reason": e.unavailable,
+                "parameters_bytes": e.states.parameters,
+                "gradients_bytes": e.states.gradients,
+                "optimizer_bytes": e.states.optimizer,
+                "model_state_bytes": e.states.total,
+                "runtime_extra_bytes": e.runtime_extra,
+                "runtime_extra_terms": dict(e.runtime_terms),
+                "activation_bytes": used,
+                "activation_bytes_without_checkpointing": e.activations.held,
+                "activation_bytes_with_checkpointing": e.activations.checkpointed_peak,
+                "paper_activation_bytes": e.activations.paper,
+                "paper_activation_bytes_with_recomputation": e.activations.paper_checkpointed,
+                "activation_checkpointing": e.checkpointing,
+                "offloaded_bytes_per_node": e.offloaded,
+                "total_bytes": e.total,
+                "fits": e.fits,
+                "comm_volume_vs_ddp": e.comm_vs_ddp,
+                "step_time_lower_bound_s": e.step_seconds,
+            }
+        )
+    recommended = None
+    if result.recommended is not None:
+        best = result.recommended
+        recommended = {
+            "strategy": best.candidate.name,
+            "recipe": library_recipe(best.candidate, inputs),
+            "reason": result.reason,
+            "activation_checkpointing": best.checkpointing,
+            "micro_batch_size": result.micro_batch,
+            "tensor_parallel_size": best.candidate.tensor_parallel,
+        }
+    return {
+        "parameters": inputs.parameters,
+        "world_size": inputs.world_size,
+        "devices": inputs.devices,
+        "num_nodes": inputs.num_nodes,
+        "device": {"name": inputs.gpu.name, "memory_bytes": inputs.gpu.memory_bytes, "usable_bytes": inputs.budget},
+        "precision": inputs.precision,
+        "sequence_length": inputs.shape.sequence_length,
+        "micro_batch_size": inputs.micro_batch,
+        "options": options,
+        "recommended": recommended,
+        "reason": result.reason,
+    }

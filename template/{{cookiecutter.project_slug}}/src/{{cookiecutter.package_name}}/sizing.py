@@ -1,0 +1,293 @@
+"""What a model costs to train, by formula and without torch: parameters, model states, activations, FLOPs.
+
+Everything here is arithmetic on a model's shape, so `plan` answers for a 1 T-parameter model in
+milliseconds on a laptop. Each formula names its source:
+
+Model states (Rajbhandari et al. 2019, "ZeRO", section 3.1 and figure 1): mixed-precision Adam holds
+2 bytes of low-precision parameters, 2 of low-precision gradients and K = 12 of fp32 optimizer state
+(master weights, momentum, variance) per parameter. Stage 1 partitions the K part over the N_d
+data-parallel ranks, stage 2 also the gradients, stage 3 also the parameters:
+
+    stage 0 (ddp)  (2 + 2 + K) * P            stage 2  (2 + (2 + K) / N_d) * P
+    stage 1        (2 + 2 + K / N_d) * P      stage 3  (2 + 2 + K) * P / N_d
+
+fp32 training is the same with 4 + 4 + K, K = 8 (momentum and variance; the parameters are their own
+master copy); bf16-true with 2 + 2 + K, K = 4 (torch's AdamW keeps its moments in the parameters' dtype).
+
+Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+section 4): a transformer layer stores s*b*h*(34 + 5*a*s/h) bytes without recomputation (2-byte
+activations, 1-byte dropout masks; 5*a*s/h is the attention scores, softmax and its dropout mask),
+s*b*h*(10 + 24/t + 5*a*s/(h*t)) under t-way tensor parallelism without sequence parallelism (the
+layer norms and dropouts stay replicated), and 2*s*b*h (its input) with full recomputation. The
+embeddings and the output layer add about 4*s*b*h*(1 + v/h)/t (as the paper gives it, with sequence
+parallelism), the cross entropy's fp32 logits being the s*b*v part. `activations` gives that paper figure and, beside it, the count for this
+project's GPT, derived the same way from what its autograd graph saves:
+
+    per layer, pre-norm block, fused scaled-dot-product attention, no dropout (pre-training):
+      layer-norm inputs         2 * r * s*b*h     (r: bytes of the residual stream, fp32 under mixed precision)
+      normed inputs of q/k/v, fc  2 * a * s*b*h   (a: bytes of an activation in the compute dtype)
+      q, k, v                   a * s*b*(h + 2*h_kv) / t
+      attention output          a * s*b*h / t     (and its logsumexp, 4 * b*heads*s / t: no s*s scores are stored)
+      fc output, GELU output    2 * a * s*b*ffn / t   (SwiGLU: 4 * a * s*b*ffn / t: gate, up, SiLU(gate), product)
+      under bf16-mixed / 16-mixed, the low-precision copy of each weight that autocast makes and the
+      matmul saves for backward: 2 * (layer weights) / t
+    with activation checkpointing: r * s*b*h per checkpointed layer (its input), plus one layer's
+    activations while backward recomputes it
+    embeddings and head: the token ids (8 bytes each), the final norm's input and output, and the log-softmax
+    of the logits, s*b*v in fp32 (cross entropy runs in fp32 under autocast)
+
+The tensor-parallel plan of this project splits q, k, v, fc by columns and the output projections by
+rows, with no sequence parallelism: norms, residuals and the head stay whole on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MIXED = ("bf16-mixed", "16-mixed")
+HALF_TRUE = ("bf16-true", "16-true")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes that decide a decoder-only transformer's parameters, activations and FLOPs."""
+
+    vocab_size: int
+    sequence_length: int
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_kv_head: int
+    ffn_hidden: int  # width of the MLP's hidden layer (of each of SwiGLU's two input projections)
+    gated_mlp: bool = False  # SwiGLU: gate and up projections, then down
+    bias: bool = False
+    norm_has_bias: bool = False  # LayerNorm with bias; RMSNorm has none
+    learned_positions: bool = True
+    tied_embeddings: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def kv_width(self) -> int:
+        return self.n_kv_head * self.head_dim
+
+
+def gpt_shape(model: Any) -> Shape:
+    """The shape of this project's GPT for a `ModelConfig` (attributes vocab_size, block_size, ...)."""
+    return Shape(
+        vocab_size=model.vocab_size,
+        sequence_length=model.block_size,
+        n_layer=model.n_layer,
+        n_embd=model.n_embd,
+        n_head=model.n_head,
+        n_kv_head=model.n_head,
+        ffn_hidden=model.mlp_ratio * model.n_embd,
+        bias=model.bias,
+        norm_has_bias=model.bias,
+    )
+
+
+def llama_shape(config: Mapping[str, Any]) -> Shape:
+    """The shape of a Llama-style decoder: RMSNorm, SwiGLU, grouped-query attention, rotary positions, no biases.
+
+    `config` holds vocab_size, block_size, n_layer, n_embd, n_head, n_kv_head, intermediate_size and
+    optionally tie_embeddings (default false).
+    """
+    return Shape(
+        vocab_size=config["vocab_size"],
+        sequence_length=config["block_size"],
+        n_layer=config["n_layer"],
+        n_embd=config["n_embd"],
+        n_head=config["n_head"],
+        n_kv_head=config["n_kv_head"],
+        ffn_hidden=config["intermediate_size"],
+        gated_mlp=True,
+        learned_positions=False,
+        tied_embeddings=config.get("tie_embeddings", False),
+    )
+
+
+def layer_linear_parameters(shape: Shape) -> tuple[int, int]:
+    """Parameters of one layer's linear layers: (split by tensor parallel, replicated by it).
+
+    Column-parallel layers (q, k, v, fc / gate, up) split weights and biases; row-parallel output
+    projections split their weights but every rank keeps the whole bias.
+    """
+    h, kv, ffn = shape.n_embd, shape.kv_width, shape.ffn_hidden
+    inputs = 2 if shape.gated_mlp else 1
+    split = h * (h + 2 * kv) + h * h + inputs * h * ffn + ffn * h
+    replicated = 0
+    if shape.bias:
+        split += h + 2 * kv + inputs * ffn
+        replicated += 2 * h
+    return split, replicated
+
+
+def norm_parameters(shape: Shape) -> int:
+    """Parameters of one normalisation layer."""
+    return shape.n_embd * (2 if shape.norm_has_bias else 1)
+
+
+def layer_parameters(shape: Shape, tensor_parallel: int = 1) -> int:
+    """Parameters of one transformer layer on one tensor-parallel rank (the unit FSDP gathers)."""
+    split, replicated = layer_linear_parameters(shape)
+    return split // tensor_parallel + replicated + 2 * norm_parameters(shape)
+
+
+def count_parameters(shape: Shape, tensor_parallel: int = 1) -> int:
+    """Parameters of the whole model (on one tensor-parallel rank when tensor_parallel > 1)."""
+    embeddings = shape.vocab_size * shape.n_embd
+    positions = shape.sequence_length * shape.n_embd if shape.learned_positions else 0
+    head = 0 if shape.tied_embeddings else shape.vocab_size * shape.n_embd
+    layers = shape.n_layer * layer_parameters(shape, tensor_parallel)
+    return embeddings + positions + layers + norm_parameters(shape) + head
+
+
+def gpt_parameters(model: Any) -> int:
+    """Parameters of this project's GPT for a `ModelConfig`: equals `models.count_parameters`, without torch."""
+    return count_parameters(gpt_shape(model))
+
+
+def llama_parameters(config: Mapping[str, Any]) -> int:
+    """Parameters of a Llama-style decoder described by a config dict (see `llama_shape`)."""
+    return count_parameters(llama_shape(config))
+
+
+# --- model states (ZeRO) ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class States:
+    """Bytes of parameters, gradients and optimizer state one device holds."""
+
+    parameters: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.parameters + self.gradients + self.optimizer
+
+
+def bytes_per_parameter(precision: str) -> tuple[int, int, int]:
+    """(parameter, gradient, K optimizer) bytes per parameter in the ZeRO paper's terms."""
+    if precision in MIXED:
+        return 2, 2, 12
+    if precision in HALF_TRUE:
+        return 2, 2, 4
+    return 4, 4, 8
+
+
+def zero_model_states(parameters: float, precision: str, stage: int, data_parallel: int) -> States:
+    """Model states per device under ZeRO stage 0 (ddp) to 3 over `data_parallel` ranks, as in the paper."""
+    weight, grad, optim = bytes_per_parameter(precision)
+    return States(
+        parameters=weight * parameters / (data_parallel if stage >= 3 else 1),
+        gradients=grad * parameters / (data_parallel if stage >= 2 else 1),
+        optimizer=optim * parameters / (data_parallel if stage >= 1 else 1),
+    )
+
+
+def torch_model_states(parameters: float, precision: str, stage: int, data_parallel: int) -> States:
+    """What torch's AdamW under Fabric holds (ddp: stage 0, fully_shard: stage 3): the parameters are the master copy.
+
+    Under bf16-mixed the parameters and gradients stay fp32 and autocast computes in bf16, so the
+    16 bytes split 4 + 4 + 8 instead of the paper's 2 + 2 + 12; the total is the same.
+    """
+    weight, grad, optim = (2, 2, 4) if precision in HALF_TRUE else (4, 4, 8)
+    shard = data_parallel if stage == 3 else 1
+    return States(weight * parameters / shard, grad * parameters / shard, optim * parameters / shard)
+
+
+# --- activations (Korthikanti et al. 2022) -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Activation bytes of one micro-batch on one device, without and with full activation checkpointing."""
+
+    paper: float  # Korthikanti et al.'s formula, no recomputation
+    paper_checkpointed: float  # the same with full recomputation
+    held: float  # this project's model: what autograd holds for backward at the end of forward
+    held_checkpointed: float  # the same with every layer checkpointed
+    recompute_peak: float  # one layer's activations, rebuilt while backward recomputes it
+
+    @property
+    def checkpointed_peak(self) -> float:
+        """Checkpointed activations at their peak: every layer's input plus one layer rebuilt."""
+        return self.held_checkpointed + self.recompute_peak
+
+
+def activation_bytes(precision: str) -> tuple[int, int]:
+    """(bytes of an activation in the compute dtype, bytes of the residual stream) under a precision."""
+    if precision in MIXED:
+        return 2, 4  # autocast computes matmuls in 16 bits; additions and norms stay fp32
+    if precision in HALF_TRUE:
+        return 2, 2
+    return 4, 4
+
+
+def layer_activations(shape: Shape, micro_batch: int, precision: str, tensor_parallel: int = 1) -> float:
+    """Bytes one layer of this project's model saves for backward (see the module docstring)."""
+    a, r = activation_bytes(precision)
+    s, b, h, t = shape.sequence_length, micro_batch, shape.n_embd, tensor_parallel
+    tokens = s * b
+    norms = 2 * r * tokens * h + 2 * 2 * 4 * tokens  # inputs, plus mean and 1/std in fp32
+    normed = 2 * a * tokens * h  # under mixed precision autocast's 16-bit copy of the fp32 norm output
+    qkv = a * tokens * (h + 2 * shape.kv_width) / t
+    attention = a * tokens * h / t + 4 * b * shape.n_head * s / t
+    mlp = (4 if shape.gated_mlp else 2) * a * tokens * shape.ffn_hidden / t
+    weights = 0.0
+    if precision in MIXED:  # autocast's low-precision weight copies, saved by each matmul
+        split, replicated = layer_linear_parameters(shape)
+        weights = 2 * (split / t + replicated)
+    return norms + normed + qkv + attention + mlp + weights
+
+
+def activations(
+    shape: Shape, micro_batch: int, precision: str, tensor_parallel: int = 1, checkpoint_every: int = 1
+) -> Activations:
+    """Activation bytes per device per micro-batch: the paper's formula and this project's model."""
+    a, r = activation_bytes(precision)
+    s, b, h, t, v = shape.sequence_length, micro_batch, shape.n_embd, tensor_parallel, shape.vocab_size
+    heads, layers = shape.n_head, shape.n_layer
+    tokens = s * b
+    paper_layer = tokens * h * (10 + 24 / t + 5 * heads * s / (h * t))
+    paper_outside = 4 * tokens * h * (1 + v / h) / t
+    layer = layer_activations(shape, micro_batch, precision, tensor_parallel)
+    logits = (2 if precision in HALF_TRUE else 4) * tokens * v  # the log-softmax the loss saves
+    outside = 8 * tokens + 8 * s + r * tokens * h + a * tokens * h + 2 * 4 * tokens + logits
+    if precision in MIXED:
+        outside += 2 * v * h  # the head's bf16 weight copy
+    checkpointed = -(-layers // checkpoint_every)
+    return Activations(
+        paper=layers * paper_layer + paper_outside,
+        paper_checkpointed=layers * 2 * tokens * h + paper_outside,
+        held=layers * layer + outside,
+        held_checkpointed=checkpointed * r * tokens * h + (layers - checkpointed) * layer + outside,
+        recompute_peak=layer,
+    )
+
+
+# --- FLOPs ---------------------------------------------------------------------------------------
+
+
+def training_flops_per_token(shape: Shape) -> float:
+    """Model FLOPs of forward + backward per token: 6 * matmul parameters + 12 * n_layer * n_embd * s.
+
+    The same count as `models.training_flops_per_token` (attention over the full block, not causal;
+    recomputation not counted).
+    """
+    matmul = shape.n_layer * sum(layer_weight_matrices(shape)) + shape.vocab_size * shape.n_embd
+    return 6 * matmul + 12 * shape.n_layer * shape.n_embd * shape.sequence_length
+
+
+def layer_weight_matrices(shape: Shape) -> tuple[int, ...]:
+    """Weight-matrix sizes of one layer (what matmuls multiply by), biases left out."""
+    h, kv, ffn = shape.n_embd, shape.kv_width, shape.ffn_hidden
+    mlp_in = (h * ffn, h * ffn) if shape.gated_mlp else (h * ffn,)
+    return (h * h, h * kv, h * kv, h * h, *mlp_in, ffn * h)
