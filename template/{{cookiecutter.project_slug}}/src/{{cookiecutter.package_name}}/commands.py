@@ -203,7 +203,7 @@ def print_plan(argv: list[str], prog: str) -> None:
     from {{ cookiecutter.package_name }}.plan import plan, plan_inputs
     from {{ cookiecutter.package_name }}.plan_report import library_recipe, reference_model, render, to_json, written_recipe
     from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, recipe_parser
-    from {{ cookiecutter.package_name }}.sizing import gpt_parameters
+    from {{ cookiecutter.package_name }}.sizing import model_parameters
 
     name, own, overrides = split_plan_arguments(argv)
     try:
@@ -223,7 +223,7 @@ def print_plan(argv: list[str], prog: str) -> None:
         base += [arg for key, value in reference for arg in (f"--model.{key}", str(value))]
     recipe = parse_recipe([*base, *overrides], recipe_parser(f"{prog} plan"))
     device = plan_device(options, recipe)
-    parameters = int(options.parameters) if options.parameters else gpt_parameters(recipe.model)
+    parameters = int(options.parameters) if options.parameters else model_parameters(recipe.model)
     host = options.host_memory_gib * 2**30 if options.host_memory_gib else None
     result = plan(plan_inputs(recipe, parameters, device, INTERCONNECTS[options.interconnect], options.margin, host))
     if options.json:
