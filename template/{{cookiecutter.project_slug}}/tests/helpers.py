@@ -160,3 +160,20 @@ def executable(path: Path, text: str) -> None:
     """Write a script (a stub of srun or scontrol) and make it executable."""
     path.write_text(text)
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def run_nodes(args: list[str], nodes: int) -> None:
+    """Run the CLI once per node, as a multi-node launch does, with a real rendezvous over loopback."""
+    if nodes == 1:
+        result = run_cli(*args)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return
+    port = str(free_port())
+    launches = []
+    for node_rank in range(nodes):
+        env = {**cli_env(), "NODE_RANK": str(node_rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        command = [sys.executable, "-m", PACKAGE, *args]
+        launches.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for launch in launches:
+        _, stderr = launch.communicate(timeout=600)
+        assert launch.returncode == 0, stderr[-3000:]

@@ -16,6 +16,8 @@ from {{ cookiecutter.package_name }}.sizing import (
     gpt_parameters,
     gpt_shape,
     llama_parameters,
+    model_parameters,
+    model_shape,
     zero_model_states,
 )
 from {{ cookiecutter.package_name }}.sizing import training_flops_per_token as flops_by_formula
@@ -31,6 +33,23 @@ SHAPES = [
 @pytest.mark.parametrize("config", SHAPES, ids=lambda c: f"L{c.n_layer}-h{c.n_embd}-bias{c.bias}")
 def test_the_formula_counts_the_parameters_of_the_built_gpt(config: ModelConfig) -> None:
     assert gpt_parameters(config) == count_parameters(config)
+
+
+LLAMAS = [
+    ModelConfig(arch="llama", vocab_size=256, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=64),
+    ModelConfig(arch="llama", vocab_size=1000, block_size=32, n_layer=3, n_head=6, n_embd=48, intermediate_size=80),
+    ModelConfig(
+        arch="llama", vocab_size=500, block_size=16, n_layer=1, n_head=8, n_kv_head=1, n_embd=64, tie_embeddings=True
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "config", LLAMAS, ids=lambda c: f"kv{c.kv_heads}-ffn{c.mlp_hidden_size}-tied{c.tie_embeddings}"
+)
+def test_the_formulas_count_the_parameters_and_flops_of_the_built_llama(config: ModelConfig) -> None:
+    assert model_parameters(config) == count_parameters(config)
+    assert flops_by_formula(model_shape(config)) == training_flops_per_token(config)
 
 
 @pytest.mark.parametrize("config", SHAPES[:3], ids=lambda c: f"L{c.n_layer}-h{c.n_embd}")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import PACKAGE, RECIPES, TINY, cli_env, free_port, recipe_args, run_cli, train_args, train_losses
+from helpers import PACKAGE, RECIPES, TINY, cli_env, recipe_args, run_cli, run_nodes, train_args, train_losses
 
 from {{ cookiecutter.package_name }}.models import count_parameters
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
@@ -53,23 +53,6 @@ SHARED = [
     "--train.max_steps", str(STEPS), "--eval.every_steps", "0", "--checkpoint.save_every_steps", "2",
     "--checkpoint.resume", "null",
 ]  # fmt: skip
-
-
-def run_nodes(args: list[str], nodes: int) -> None:
-    """Run the CLI once per node, as a multi-node launch does, with a real rendezvous over loopback."""
-    if nodes == 1:
-        result = run_cli(*args)
-        assert result.returncode == 0, result.stderr[-3000:]
-        return
-    port = str(free_port())
-    launches = []
-    for node_rank in range(nodes):
-        env = {**cli_env(), "NODE_RANK": str(node_rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        command = [sys.executable, "-m", PACKAGE, *args]
-        launches.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for launch in launches:
-        _, stderr = launch.communicate(timeout=600)
-        assert launch.returncode == 0, stderr[-3000:]
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,14 @@ def problem_with(path: Path) -> str | None:
     return None if (path / "state").exists() else "missing state"
 
 
+def checkpoint_recipe(path: Path) -> Recipe:
+    """The recipe a checkpoint folder was saved with. Its model.init_from is not checked again: the weights
+    are in the checkpoint now, and the folder they first came from may be gone."""
+    from {{ cookiecutter.package_name }}.recipe.load import parse_recipe  # jsonargparse: only when asked
+
+    return parse_recipe(["--config", str(path / "config.yaml"), "--model.init_from", "null"])
+
+
 def read_meta(path: Path) -> dict[str, Any]:
     """The metadata of a complete checkpoint."""
     return json.loads((path / META_FILE).read_text())

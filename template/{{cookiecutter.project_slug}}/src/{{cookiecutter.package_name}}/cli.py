@@ -1,5 +1,5 @@
 """Command line: `train`, `recipes list|show|copy|validate`, `plan`, `checkpoint list|inspect|consolidate`, `slurm`,
-`prepare`, `sample`.
+`prepare`, `sample`, `export`.
 
 Parse and dispatch only (the commands live in train.py, commands.py and recipe/library.py). Every user
 error ends in one line on stderr naming what is wrong and what is allowed, exit code 2 (errors.py).
@@ -89,6 +89,13 @@ def build_parser() -> ArgumentParser:
     sampler.add_argument("--top-k", type=int, default=200, help="Sample among the k most likely tokens only.")
     sampler.add_argument("--seed", type=int, default=0, help="Seed of the sampling.")
     commands.add_subcommand("sample", sampler, help="Print what a checkpoint's model writes after a prompt.")
+
+    exporter = ArgumentParser(exit_on_error=False, description="Write a checkpoint as a Hugging Face model folder.")
+    exporter.add_argument("checkpoint", help="A checkpoint folder, or a run: its newest.")
+    exporter.add_argument("out_dir", help="Folder to write (new or empty).")
+    exporter.add_argument("--format", choices=["hf"], default="hf", help="hf: config.json + safetensors (+ tokenizer).")
+    exporter.add_argument("--max-shard-bytes", type=int, default=5 * 10**9, help="Largest safetensors file.")
+    commands.add_subcommand("export", exporter, help="Checkpoint -> transformers' from_pretrained folder.")
     return parser
 
 
@@ -121,6 +128,8 @@ def dispatch(argv: list[str]) -> None:
         commands.prepare_data(args.prepare)
     elif args.command == "sample":
         commands.print_sample(args.sample)
+    elif args.command == "export":
+        commands.export_checkpoint(args.export)
     elif args.command == "checkpoint":
         sub = args.checkpoint
         if sub.action == "list":

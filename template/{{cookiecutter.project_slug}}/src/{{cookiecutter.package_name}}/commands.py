@@ -1,4 +1,5 @@
-"""What the commands other than `train` do: check recipes, list/inspect/consolidate checkpoints, plan, slurm.
+"""What the commands other than `train` do: check recipes, list/inspect/consolidate checkpoints, plan, slurm,
+prepare, sample, export.
 
 The command line (cli.py) parses and dispatches to these; each raises RecipeError for a user error.
 Modules that import torch are imported inside the functions that need them, so listing and checking stay fast.
@@ -202,7 +203,7 @@ def print_plan(argv: list[str], prog: str) -> None:
     from {{ cookiecutter.package_name }}.plan import plan, plan_inputs
     from {{ cookiecutter.package_name }}.plan_report import library_recipe, reference_model, render, to_json, written_recipe
     from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, recipe_parser
-    from {{ cookiecutter.package_name }}.sizing import gpt_parameters
+    from {{ cookiecutter.package_name }}.sizing import model_parameters
 
     name, own, overrides = split_plan_arguments(argv)
     try:
@@ -222,7 +223,7 @@ def print_plan(argv: list[str], prog: str) -> None:
         base += [arg for key, value in reference for arg in (f"--model.{key}", str(value))]
     recipe = parse_recipe([*base, *overrides], recipe_parser(f"{prog} plan"))
     device = plan_device(options, recipe)
-    parameters = int(options.parameters) if options.parameters else gpt_parameters(recipe.model)
+    parameters = int(options.parameters) if options.parameters else model_parameters(recipe.model)
     host = options.host_memory_gib * 2**30 if options.host_memory_gib else None
     result = plan(plan_inputs(recipe, parameters, device, INTERCONNECTS[options.interconnect], options.margin, host))
     if options.json:
@@ -279,6 +280,21 @@ def prepare_data(args: Any) -> None:
         f" {len(manifest['shards'])} shard(s) at {args.out}; validation: {manifest['validation']['tokens']:,} tokens"
     )
     print(f"Train on it: data.source: prepared, data.path: {args.out}, model.vocab_size: >= {vocab}")
+
+
+def export_checkpoint(args: Any) -> None:
+    """Write a checkpoint as a Hugging Face model folder and say how to load it."""
+    from {{ cookiecutter.package_name }}.export import export_hf  # imports torch
+    from {{ cookiecutter.package_name }}.sample import resolve_checkpoint
+
+    path = resolve_checkpoint(args.checkpoint)
+    done = export_hf(path, Path(args.out_dir), args.max_shard_bytes)
+    tokenizer = ", tokenizer" if done["tokenizer"] else ""
+    print(
+        f"Wrote {done['architecture']} ({done['tensors']} tensors, {done['bytes'] / 2**20:,.1f} MiB of {done['dtype']}"
+        f" in {done['files']} safetensors file(s){tokenizer}) from {path} to {args.out_dir}"
+    )
+    print(f"Load: transformers.AutoModelForCausalLM.from_pretrained('{args.out_dir}')")
 
 
 def print_sample(args: Any) -> None:

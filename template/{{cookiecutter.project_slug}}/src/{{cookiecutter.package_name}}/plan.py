@@ -35,9 +35,9 @@ from {{ cookiecutter.package_name }}.sizing import (
     States,
     activations,
     count_parameters,
-    gpt_shape,
     layer_activations,
     layer_parameters,
+    model_shape,
     training_flops_per_token,
     zero_model_states,
 )
@@ -160,7 +160,7 @@ def plan_inputs(
 ) -> Inputs:
     """The plan's inputs from a resolved `Recipe` (model, layout, precision, batch) and the hardware."""
     return Inputs(
-        shape=gpt_shape(recipe.model),
+        shape=model_shape(recipe.model),
         parameters=parameters,
         precision=recipe.precision,
         devices=recipe.devices,

@@ -86,8 +86,12 @@ def setup(recipe: Recipe) -> Run:
     start_processes(fabric)  # unless `fabric run` already did
     fabric.seed_everything(recipe.train.seed)
     fabric.print(f"Recipe:\n{dump_recipe(recipe)}")
-    model = strategy.build_model(fabric)  # whole on every rank, or sharded as it is built (meta_init, ZeRO-3)
+    pretrained = recipe.model.init_from is not None and resume_from is None  # a resumed run has its own weights
+    model = strategy.build_model(fabric, pretrained)  # whole on every rank, or sharded as built (meta_init, ZeRO-3)
     model, optimizer, scheduled = strategy.setup(fabric, model, partial(build_optimizer, config=recipe.train))
+    if pretrained:
+        strategy.load_pretrained(fabric, model)
+        fabric.print(f"Started from the weights of {recipe.model.init_from}")
     scheduler = build_scheduler(scheduled, recipe.train)
 
     dp_rank, dp_size = strategy.data_parallel_rank_and_size(fabric)  # tensor-parallel peers see the same batches

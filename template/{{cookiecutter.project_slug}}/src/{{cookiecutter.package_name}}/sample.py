@@ -14,10 +14,9 @@ from typing import Any
 import torch
 
 from {{ cookiecutter.package_name }}.checkpoint import load_full_state
-from {{ cookiecutter.package_name }}.checkpoint_layout import find_latest, problem_with
+from {{ cookiecutter.package_name }}.checkpoint_layout import checkpoint_recipe, find_latest, problem_with
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.models import build_model
-from {{ cookiecutter.package_name }}.recipe.load import load_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 
 # Module wrappers that activation checkpointing and torch.compile can leave in parameter names.
@@ -44,7 +43,7 @@ def resolve_checkpoint(name: str) -> Path:
 
 def load_model(path: Path) -> tuple[torch.nn.Module, Recipe]:
     """The trained model of a checkpoint folder, in eval mode on CPU, and the recipe it was trained with."""
-    recipe = load_recipe(path / "config.yaml")
+    recipe = checkpoint_recipe(path)
     model = build_model(recipe.model)
     weights = {}
     for key, value in load_full_state(path)["model"].items():

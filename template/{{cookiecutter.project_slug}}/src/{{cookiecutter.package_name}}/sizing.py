@@ -111,6 +111,24 @@ def llama_shape(config: Mapping[str, Any]) -> Shape:
     )
 
 
+def model_shape(model: Any) -> Shape:
+    """The shape of the model a `ModelConfig` describes, whichever its family (`model.arch`)."""
+    if model.arch == "llama":
+        return llama_shape(
+            {
+                "vocab_size": model.vocab_size,
+                "block_size": model.block_size,
+                "n_layer": model.n_layer,
+                "n_embd": model.n_embd,
+                "n_head": model.n_head,
+                "n_kv_head": model.kv_heads,
+                "intermediate_size": model.mlp_hidden_size,
+                "tie_embeddings": model.tie_embeddings,
+            }
+        )
+    return gpt_shape(model)
+
+
 def layer_linear_parameters(shape: Shape) -> tuple[int, int]:
     """Parameters of one layer's linear layers: (split by tensor parallel, replicated by it).
 
@@ -150,6 +168,11 @@ def count_parameters(shape: Shape, tensor_parallel: int = 1) -> int:
 def gpt_parameters(model: Any) -> int:
     """Parameters of this project's GPT for a `ModelConfig`: equals `models.count_parameters`, without torch."""
     return count_parameters(gpt_shape(model))
+
+
+def model_parameters(model: Any) -> int:
+    """Parameters of the model a `ModelConfig` describes: equals `models.count_parameters`, without torch."""
+    return count_parameters(model_shape(model))
 
 
 def llama_parameters(config: Mapping[str, Any]) -> int:

@@ -12,10 +12,13 @@ import torch
 from lightning.fabric.utilities.throughput import measure_flops
 from torch import nn
 
-from {{ cookiecutter.package_name }}.models.gpt import GPT, Block
+from {{ cookiecutter.package_name }}.models import gpt, llama
 from {{ cookiecutter.package_name }}.recipe.schema import ModelConfig
 
-FAMILIES: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {"gpt": (GPT, Block)}  # arch -> (model, block)
+FAMILIES: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {  # arch -> (model, block)
+    "gpt": (gpt.GPT, gpt.Block),
+    "llama": (llama.Llama, llama.Block),
+}
 
 
 def build_model(config: ModelConfig) -> nn.Module:
@@ -39,7 +42,8 @@ def training_flops_per_token(config: ModelConfig) -> int:
 
     These are model FLOPs (what MFU is defined on): recomputation by activation checkpointing is not
     counted, and attention is counted over the full block as if it were not causal, which gives the
-    usual 6 * (matmul parameters) + 12 * n_layer * n_embd * block_size for the GPT.
+    usual 6 * (matmul parameters) + 12 * n_layer * n_embd * block_size for the GPT and the Llama (grouped-query
+    attention shares keys and values, not the attention matmuls: every query head still attends).
     """
     with torch.device("meta"):
         model = build_model(config)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.schema import STRATEGY_SECTIONS, Recipe
+from {{ cookiecutter.package_name }}.recipe.schema import ARCH_ONLY_FIELDS, STRATEGY_SECTIONS, ModelConfig, Recipe
 from {{ cookiecutter.package_name }}.strategies import REGISTRY, strategy_class, strategy_for
 
 BF16_CAPABILITY = (8, 0)  # A100 and newer
@@ -23,6 +23,7 @@ GPU_ONLY_PRECISIONS = ("16-mixed", "16-true")
 def check_recipe(recipe: Recipe) -> None:
     """Reject values and combinations that cannot run, naming the field and what is allowed."""
     _check_values(recipe)
+    check_model(recipe.model)
     check_strategy(recipe)
     if recipe.accelerator == "cpu":
         check_hardware(recipe, "cpu")
@@ -85,6 +86,36 @@ def _check_values(recipe: Recipe) -> None:
         )
     if recipe.checkpoint.resume is not None and not recipe.checkpoint.resume.strip():
         raise RecipeError("checkpoint.resume must be null, auto, or a checkpoint path")
+
+
+def check_model(model: ModelConfig) -> None:
+    """Fields of the other model family left at their defaults; grouped-query heads and RoPE widths that fit;
+    an init_from folder that matches the model (its config.json and tensor shapes, read without torch)."""
+    defaults = ModelConfig()
+    for name, arch in ARCH_ONLY_FIELDS.items():
+        if arch != model.arch and getattr(model, name) != getattr(defaults, name):
+            raise RecipeError(
+                f"model.{name} applies only to model.arch={arch} (this recipe has {model.arch}; remove the key)"
+            )
+    if model.arch != "llama":
+        return
+    if model.n_kv_head < 0 or model.intermediate_size < 0:
+        raise RecipeError("model.n_kv_head and model.intermediate_size must be >= 0 (0: the default rule)")
+    if model.n_head % model.kv_heads:
+        raise RecipeError(
+            f"model.n_kv_head={model.n_kv_head} does not divide model.n_head={model.n_head}"
+            " (each key/value head serves an equal group of query heads)"
+        )
+    if (model.n_embd // model.n_head) % 2:
+        raise RecipeError(
+            f"model.n_embd / model.n_head = {model.n_embd // model.n_head} must be even (RoPE rotates pairs)"
+        )
+    if not model.rope_theta > 0 or not model.norm_eps > 0:
+        raise RecipeError("model.rope_theta and model.norm_eps must be > 0")
+    if model.init_from is not None:
+        from {{ cookiecutter.package_name }}.hf import check_init_from  # reads JSON only: no torch
+
+        check_init_from(model)
 
 
 def check_strategy(recipe: Recipe) -> None:

@@ -133,12 +133,40 @@ class TrainingStrategy:
         """The Fabric strategy object."""
         raise NotImplementedError
 
-    def build_model(self, fabric: Fabric) -> nn.Module:
-        """The model, built on every rank from the same seed (the strategy shards or replicates it in `setup`)."""
+    def build_model(self, fabric: Fabric, pretrained: bool = False) -> nn.Module:
+        """The model, built on every rank from the same seed (the strategy shards or replicates it in `setup`).
+
+        `pretrained`: the run starts from model.init_from's weights; most strategies load them after
+        `setup` (`load_pretrained`), a strategy whose setup copies the weights (DeepSpeed) loads them here.
+        """
         from {{ cookiecutter.package_name }}.models import build_model
 
         with fabric.init_module(empty_init=self.config.meta_init):
             return build_model(self.recipe.model)
+
+    def load_pretrained(self, fabric: Fabric, model: Any) -> None:
+        """Copy model.init_from's weights into the set-up (sharded or replicated) model.
+
+        Rank 0 reads the weights into host memory and torch.distributed.checkpoint broadcasts them,
+        each rank keeping its own shards (FSDP2, tensor parallel) or the whole (ddp).
+        """
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        from {{ cookiecutter.package_name }}.hf import pretrained_tensors
+
+        module = model.module  # without Fabric's wrapper
+        weights: dict[str, Any] = {}
+        if fabric.global_rank == 0:
+            dtypes = {name: value.dtype for name, value in module.state_dict().items()}
+            weights = {
+                name: value.to(dtypes.get(name, value.dtype)) for name, value in pretrained_tensors(self.recipe.model)
+            }
+        if not dist.is_initialized():
+            module.load_state_dict(weights)
+            return
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(module, weights, options=options)
 
     def setup(self, fabric: Fabric, model: nn.Module, make_optimizer: MakeOptimizer) -> tuple[Any, Any, Any]:
         """(model, optimizer, the torch optimizer an LR scheduler drives), set up for this strategy."""

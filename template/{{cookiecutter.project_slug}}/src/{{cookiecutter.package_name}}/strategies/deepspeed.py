@@ -174,16 +174,24 @@ class DeepSpeed(TrainingStrategy):
 
         return DeepSpeedStrategy(config=self.config_dict(), **process_group_options(self.recipe))
 
-    def build_model(self, fabric: Fabric) -> nn.Module:
+    def build_model(self, fabric: Fabric, pretrained: bool = False) -> nn.Module:
         """ZeRO-3 builds each layer partitioned (`deepspeed.zero.Init`, which Fabric enters only with
-        empty_init), then gives it the model's init one gathered parameter at a time."""
+        empty_init), then gives it the model's init one gathered parameter at a time.
+
+        Pretrained weights are copied in here, before `setup`: DeepSpeed's optimizer takes its (fp32 master)
+        copies of the parameters when it is set up, and would not see weights loaded later."""
         from {{ cookiecutter.package_name }}.models import build_model
 
         with fabric.init_module(empty_init=self.config.meta_init or self.zero_stage_3):
             model = build_model(self.recipe.model)
         if self.zero_stage_3:
             init_zero3_partitioned(model)
+        if pretrained:
+            load_zero_pretrained(model, self.recipe.model)
         return model
+
+    def load_pretrained(self, fabric: Fabric, model: Any) -> None:
+        """Nothing: `build_model` loaded the weights before DeepSpeed took its copies."""
 
     def setup(self, fabric: Fabric, model: nn.Module, make_optimizer: MakeOptimizer) -> tuple[Any, Any, Any]:
         # DeepSpeed sets model and optimizer up together from the unsharded model.
@@ -236,3 +244,18 @@ def init_zero3_partitioned(model: Any) -> None:
     for name, param in model.named_parameters():
         with deepspeed.zero.GatheredParameters([param], modifier_rank=0), torch.no_grad():
             model.init_parameter(name, param)
+
+
+def load_zero_pretrained(model: Any, config: Any) -> None:
+    """Copy model.init_from's weights in, one tensor at a time; under ZeRO-3 each parameter is gathered whole,
+    written on rank 0 and partitioned again (elsewhere the gather is a no-op and every rank copies)."""
+    import deepspeed  # GPU-strategy extra: imported only for deepspeed recipes
+    import torch
+
+    from {{ cookiecutter.package_name }}.hf import pretrained_tensors
+
+    parameters = dict(model.named_parameters(remove_duplicate=False))
+    for name, value in pretrained_tensors(config):
+        param = parameters[name]
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=0), torch.no_grad():
+            param.copy_(value)

@@ -1,0 +1,141 @@
+"""A Llama-style decoder: rotary positions (RoPE), RMSNorm, a SwiGLU MLP, grouped-query attention, no biases.
+
+The layout and the rotary convention (rotate-half, as in Hugging Face's LlamaForCausalLM) are those of
+the released Llama checkpoints, so their weights map one to one (hf.py). Its parallel facts live here
+as for the GPT: `Llama.blocks` and `Llama.tensor_parallel_plan`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
+
+from {{ cookiecutter.package_name }}.recipe.schema import ModelConfig
+
+
+def rotary_tables(config: ModelConfig, time: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, (time, head_dim), in float32."""
+    head_dim = config.n_embd // config.n_head
+    inverse_frequency = 1.0 / (
+        config.rope_theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    )
+    angles = torch.outer(torch.arange(time, device=device, dtype=torch.float32), inverse_frequency)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (batch, heads, time, head_dim) by the angles; the two halves of head_dim are the pairs."""
+    first, second = x.chunk(2, dim=-1)
+    rotated = torch.cat((-second, first), dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Causal self-attention where groups of query heads share one key/value head (grouped-query attention)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.head_dim = config.n_embd // config.n_head
+        kv_width = config.kv_heads * self.head_dim
+        self.q = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.k = nn.Linear(config.n_embd, kv_width, bias=False)
+        self.v = nn.Linear(config.n_embd, kv_width, bias=False)
+        self.o = nn.Linear(config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, time, _ = x.shape
+        # -1 heads: under tensor parallel each rank holds its share of the query and of the key/value heads
+        # (the same ratio), so the grouping of query heads onto key/value heads stays local.
+        q, k, v = (layer(x).view(batch, time, -1, self.head_dim).transpose(1, 2) for layer in (self.q, self.k, self.v))
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        return self.o(y.transpose(1, 2).reshape(batch, time, -1))
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        hidden = config.mlp_hidden_size
+        self.gate = nn.Linear(config.n_embd, hidden, bias=False)
+        self.up = nn.Linear(config.n_embd, hidden, bias=False)
+        self.down = nn.Linear(hidden, config.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    """One pre-norm Llama block: the unit that FSDP shards and checkpointing recomputes."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.norm_attn = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+        self.attn = Attention(config)
+        self.norm_mlp = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+        self.mlp = SwiGLU(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm_attn(x), cos, sin)
+        return x + self.mlp(self.norm_mlp(x))
+
+
+class Llama(nn.Module):
+    """Decoder-only Llama-style language model."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.token_embedding = nn.Embedding(config.vocab_size, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.norm = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.token_embedding.weight
+        self.reset_parameters()
+
+    @staticmethod
+    def tensor_parallel_plan() -> dict[str, ParallelStyle]:
+        """The tensor-parallel plan of one block: q, k, v split by heads (each rank keeps n_head / tp query heads
+        and n_kv_head / tp key/value heads, so every query head finds its key/value head locally), gate and up by
+        hidden units, o and down by rows: one all-reduce in attention and one in the MLP per block."""
+        return {
+            "attn.q": ColwiseParallel(),
+            "attn.k": ColwiseParallel(),
+            "attn.v": ColwiseParallel(),
+            "attn.o": RowwiseParallel(),
+            "mlp.gate": ColwiseParallel(),
+            "mlp.up": ColwiseParallel(),
+            "mlp.down": RowwiseParallel(),
+        }
+
+    def reset_parameters(self) -> None:
+        """Normal(0, 0.02) matrices, residual projections scaled down by the depth, norms at one."""
+        for name, param in self.named_parameters():  # a tied head is the embedding: named (and drawn) once
+            self.init_parameter(name, param)
+
+    def init_parameter(self, name: str, param: torch.Tensor) -> None:
+        """The initialisation of one parameter (`reset_parameters` applies it to all, in order)."""
+        if param.dim() < 2:
+            nn.init.ones_(param)
+        elif name.endswith(("attn.o.weight", "mlp.down.weight")):
+            nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+        else:
+            nn.init.normal_(param, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits of shape (batch, time, vocab) for token ids of shape (batch, time)."""
+        time = idx.shape[1]
+        if time > self.config.block_size:
+            raise ValueError(f"sequence of {time} tokens exceeds block_size={self.config.block_size}")
+        cos, sin = rotary_tables(self.config, time, idx.device)
+        x = self.token_embedding(idx)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.lm_head(self.norm(x))
