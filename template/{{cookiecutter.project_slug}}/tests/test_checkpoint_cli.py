@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -90,3 +92,35 @@ def test_commands_refuse_a_missing_checkpoint(tmp_path: Path, capsys: pytest.Cap
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "nope" in err
     assert not (tmp_path / "w.pt").exists()
+
+
+def complete_checkpoint(root: Path, step: int) -> Path:
+    """A folder that checkpoint_layout takes for a complete checkpoint (meta.json with every file's size)."""
+    folder = root / f"step-{step:08d}"
+    (folder / "state").mkdir(parents=True)
+    (folder / "state" / "shard").write_bytes(b"x" * 100)
+    (folder / "config.yaml").write_text("model: {}\n")
+    (folder / "meta.json").write_text(json.dumps({"step": step, "files": {"state/shard": 100, "config.yaml": 10}}))
+    return folder
+
+
+def test_retention_never_leaves_a_half_deleted_folder_under_a_checkpoints_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from {{ cookiecutter.package_name }}.checkpoint_layout import list_checkpoints, remove_old_checkpoints, scan_checkpoints
+
+    for step in (2, 4, 6):
+        complete_checkpoint(tmp_path, step)
+
+    def killed_midway(path: Path, ignore_errors: bool = False) -> None:
+        (path / "meta.json").unlink()  # the first files are gone when the job is killed
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "rmtree", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        remove_old_checkpoints(tmp_path, keep_last=1)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000004", "step-00000006"]
+    assert scan_checkpoints(tmp_path)[1] == {}  # nothing under a checkpoint's name is damaged
+    monkeypatch.undo()
+    remove_old_checkpoints(tmp_path, keep_last=1)  # the next save finishes what the killed one began
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000006"]

@@ -23,7 +23,13 @@ from typing import Any
 import torch
 from lightning.fabric import Fabric
 
-from {{ cookiecutter.package_name }}.checkpoint_layout import META_FILE, checkpoint_root, list_checkpoints, read_meta
+from {{ cookiecutter.package_name }}.checkpoint_layout import (
+    META_FILE,
+    checkpoint_root,
+    read_meta,
+    remove_checkpoint,
+    remove_old_checkpoints,
+)
 from {{ cookiecutter.package_name }}.faults import fault_point
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
@@ -120,11 +126,10 @@ class Checkpointer:
         meta["files"] = {str(p.relative_to(partial)): p.stat().st_size for p in files}
         (partial / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         final = partial.with_name(partial.name.removesuffix(".partial"))
-        shutil.rmtree(final, ignore_errors=True)
+        remove_checkpoint(final)  # a complete one of the same step, saved again after an older resume
         partial.rename(final)
         if self.config.keep_last:
-            for old in list_checkpoints(self.root)[: -self.config.keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
+            remove_old_checkpoints(self.root, self.config.keep_last)
 
 
 def _async_save_sharded(fabric: Fabric, path: Path, state: dict[str, Any], process_group: Any) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,24 @@ def scan_checkpoints(root: Path) -> tuple[list[Path], dict[Path, str]]:
 def list_checkpoints(root: Path) -> list[Path]:
     """Complete checkpoint folders under root, oldest first."""
     return scan_checkpoints(root)[0]
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint folder: renamed first, so a job killed during the delete leaves no half folder
+    under a checkpoint's name (seen in scripts/soak.sh: a kill inside retention's delete left
+    `step-N/` holding config.yaml and rng/ only, listed as damaged ever after)."""
+    if path.exists():
+        doomed = path.with_name(path.name + ".deleting")
+        path.rename(doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+def remove_old_checkpoints(root: Path, keep_last: int) -> None:
+    """Keep the newest `keep_last` complete checkpoints; finish deletes that a killed job left behind."""
+    for old in list_checkpoints(root)[:-keep_last]:
+        remove_checkpoint(old)
+    for leftover in root.glob("step-*.deleting"):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def find_latest(root: Path) -> Path | None:
