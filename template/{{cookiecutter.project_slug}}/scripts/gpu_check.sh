@@ -61,7 +61,7 @@ check() {  # check NAME: train to 4, resume to 6; prints one line
   local name=$1 nodes=1 extra=()
   local text
   text=$(cat "recipes/$name.yaml")
-  case "$text" in *"name: hsdp"*|*"fsdp_sharding: HYBRID_SHARD"*) nodes=2 ;; esac
+  case "$text" in *"name: hsdp"*|*"sharding: HYBRID_SHARD"*) nodes=2 ;; esac
   case "$text" in *"tensor_parallel_size"*) extra+=(--strategy.fsdp2.tensor_parallel_size 1) ;; esac
   # The tiny model's 4 heads: 2 key/value heads, a narrow MLP, untied (vocab 256).
   case "$text" in *"arch: llama"*) extra+=(--model.n_kv_head 2 --model.intermediate_size 256) ;; esac
