@@ -62,6 +62,8 @@ def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT / "src"), env.get("PYTHONPATH")]))
     env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"})
+    # W&B gives up starting its service after 90 s; a loaded 2-core machine can take longer than that.
+    env.setdefault("WANDB_INIT_TIMEOUT", "600")
     env.pop("WANDB_API_KEY", None)
     return env
 
