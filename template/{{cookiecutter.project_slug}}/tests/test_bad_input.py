@@ -124,6 +124,12 @@ RECIPE_ONLY: list[tuple[str, str | None, list[str], str]] = [
     ("unknown logger", None, ["--logger.name", "mlflow"], "logger.name: 'mlflow' is not allowed"),
     ("logging every 0 steps", None, ["--logger.log_every_steps", "0"], "logger.log_every_steps=0 must be >= 1"),
     ("negative peak", None, ["--logger.peak_tflops", "-1"], "logger.peak_tflops=-1.0 must be > 0"),
+    (
+        "artifact upload without W&B",
+        None,
+        ["--logger.name", "csv", "--logger.upload_final_weights", "true"],
+        "needs logger.name=wandb",
+    ),
 ]
 
 # Runs every recipe-only case in one process in which `import torch` fails: each must be refused before it.

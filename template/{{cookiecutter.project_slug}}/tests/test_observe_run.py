@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import LOGGED_METRICS, PACKAGE, cli_env, train_args
+import torch
+from helpers import LOGGED_METRICS, PACKAGE, cli_env, run_cli, train_args
 
 pytestmark = pytest.mark.slow
 
@@ -136,3 +137,17 @@ def test_on_a_terminal_rank_zero_draws_a_live_progress_bar_instead_of_lines(tmp_
     final_bar = r"12/12 \[\d\d:\d\d<\d\d:\d\d,\s+[\d.]+step/s, loss \d\.\d{4}, [\d,]+ tokens/s\]"  # elapsed<ETA
     assert re.search(final_bar, text), text[-2000:]
     assert not re.search(r"step \d+/12 \| loss", text)  # no plain lines while the bar is drawn
+
+
+@pytest.mark.slow
+def test_the_final_weights_are_logged_as_a_wandb_artifact_when_asked(tmp_path: Path) -> None:
+    out_dir = tmp_path / "run"
+    args = ["--devices", "1", "--train.max_steps", "2", "--eval.every_steps", "0", "--checkpoint.resume", "null"]
+    result = run_cli(*train_args(out_dir, *args, "--logger.name", "wandb", "--logger.upload_final_weights", "true"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_id = run_id_of(wandb_runs(out_dir)[0])
+    assert f"Logged the weights of step-00000002 as W&B artifact model-{run_id}" in result.stdout
+    weights = torch.load(out_dir / "final" / "weights.pt", weights_only=True)
+    assert "lm_head.weight" in weights
+    records = next(wandb_runs(out_dir)[0].glob("run-*.wandb")).read_bytes()
+    assert f"model-{run_id}".encode() in records and b"weights.pt" in records

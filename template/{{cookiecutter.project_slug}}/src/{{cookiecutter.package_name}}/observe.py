@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import TextIO, TypeVar, cast
+from typing import Any, TextIO, TypeVar, cast
 
 import torch
 from lightning.fabric import Fabric
@@ -122,6 +122,34 @@ def log_config(loggers: list[Logger], recipe: Recipe) -> None:
                 (Path(logger.log_dir) / "config.yaml").write_text(dump_recipe(recipe))
         else:
             logger.log_hyperparams(recipe.to_dict())
+
+
+def upload_final_weights(loggers: list[Logger], checkpoints: Path) -> None:
+    """Log the newest checkpoint's weights, consolidated into one file, as a W&B model artifact (rank 0).
+
+    The artifact is named after the run (`model-<run id>`) and carries the step and the resolved recipe;
+    offline runs keep it until `wandb sync`. Consolidating reads the whole model into host memory.
+    """
+    from {{ cookiecutter.package_name }}.checkpoint import consolidate
+    from {{ cookiecutter.package_name }}.checkpoint_layout import find_latest, read_meta
+
+    latest = find_latest(checkpoints)
+    wandb_loggers: list[Any] = [logger for logger in loggers if type(logger).__name__ == "WandbLogger"]
+    experiment = wandb_loggers[0].experiment if wandb_loggers else None
+    if latest is None or experiment is None:
+        return
+    import wandb
+
+    weights = consolidate(latest, latest.parent.parent / "final" / "weights.pt")
+    artifact = wandb.Artifact(
+        f"model-{experiment.id}",
+        type="model",
+        metadata={"step": read_meta(latest)["step"], "parameters": sum(t.numel() for t in weights.values())},
+    )
+    artifact.add_file(str(latest.parent.parent / "final" / "weights.pt"))
+    artifact.add_file(str(latest / "config.yaml"))
+    experiment.log_artifact(artifact)
+    print(f"Logged the weights of {latest.name} as W&B artifact model-{experiment.id}", flush=True)
 
 
 def finish_loggers(loggers: list[Logger]) -> None:

@@ -23,7 +23,13 @@ from {{ cookiecutter.package_name }}.data import Batch
 from {{ cookiecutter.package_name }}.errors import run_command
 from {{ cookiecutter.package_name }}.faults import fault_point, poison_loss
 from {{ cookiecutter.package_name }}.models import training_flops_per_token
-from {{ cookiecutter.package_name }}.observe import Monitor, finish_loggers, log_config, logger_location
+from {{ cookiecutter.package_name }}.observe import (
+    Monitor,
+    finish_loggers,
+    log_config,
+    logger_location,
+    upload_final_weights,
+)
 from {{ cookiecutter.package_name }}.preemption import Preemption
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, recipe_parser
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
@@ -99,6 +105,8 @@ def train(recipe: Recipe) -> None:
     )
     if fabric.global_rank == 0:
         fabric.print(f"Logs: {logger_location(recipe, fabric.loggers)}")
+        if recipe.logger.upload_final_weights and not stopped_early:
+            upload_final_weights(fabric.loggers, checkpoint_root(recipe))
     finish_loggers(fabric.loggers)
     if decision is not None and decision.update is Update.STOP:
         raise nonfinite_loss_stop(state["step"] + 1, report=fabric.global_rank == 0)

@@ -59,6 +59,11 @@ def _check_values(recipe: Recipe) -> None:
     for name, (value, minimum) in at_least.items():
         if value < minimum:
             raise RecipeError(f"{name}={value} must be >= {minimum}")
+    if recipe.logger.upload_final_weights and recipe.logger.name != "wandb":
+        raise RecipeError(
+            f"logger.upload_final_weights=true uploads a W&B artifact: it needs logger.name=wandb,"
+            f" not {recipe.logger.name}"
+        )
     if recipe.logger.peak_tflops is not None and not recipe.logger.peak_tflops > 0:
         raise RecipeError(f"logger.peak_tflops={recipe.logger.peak_tflops} must be > 0 (or null to use the GPU table)")
     if not recipe.train.learning_rate > 0:

@@ -295,6 +295,9 @@ class LoggerConfig:
         log_every_steps: Log metrics and print a progress line every this many steps.
         peak_tflops: Dense peak TFLOP/s of one device at the run's precision, for MFU; null looks the
             GPU up in the table in hardware.py (no MFU on CPUs or GPUs missing from it).
+        upload_final_weights: wandb only: when a run completes, log the final checkpoint's weights
+            (consolidated into one file on rank 0) as a W&B model artifact of the run. Off by default:
+            it uploads the whole model.
     """
 
     name: Literal["wandb", "tensorboard", "csv", "none"] = "{{ cookiecutter.logger }}"
@@ -305,6 +308,7 @@ class LoggerConfig:
     tags: list[str] = field(default_factory=list)
     log_every_steps: int = 10
     peak_tflops: float | None = None
+    upload_final_weights: bool = False
 
 
 @dataclass
