@@ -9,6 +9,7 @@ import socket
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,27 @@ def run_nodes(args: list[str], nodes: int) -> None:
     for launch in launches:
         _, stderr = launch.communicate(timeout=600)
         assert launch.returncode == 0, stderr[-3000:]
+
+
+def train_each_layout_once(
+    tmp_path_factory: pytest.TempPathFactory, layouts: dict[str, tuple[list[str], int]], shared: list[str]
+) -> Callable[[str], Path]:
+    """name -> out_dir of the run of layouts[name] = (overrides, nodes) after `shared`; each trains once."""
+    done: dict[str, Path] = {}
+
+    def run(name: str) -> Path:
+        if name not in done:
+            out_dir = tmp_path_factory.mktemp(name)
+            overrides, nodes = layouts[name]
+            run_nodes(train_args(out_dir, *shared, *overrides), nodes)
+            done[name] = out_dir
+        return done[name]
+
+    return run
+
+
+def assert_same_losses(actual: dict[int, float], expected: dict[int, float], tolerance: float) -> None:
+    """The same steps, each loss within `tolerance`."""
+    assert sorted(actual) == sorted(expected)
+    for step, loss in expected.items():
+        assert abs(actual[step] - loss) <= tolerance, f"step {step}: {actual[step]} vs {loss}"

@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import PROJECT, final_weights, losses_by_run, run_cli, run_nodes, train_args, train_losses
+from helpers import (
+    PROJECT,
+    assert_same_losses,
+    final_weights,
+    losses_by_run,
+    run_cli,
+    train_args,
+    train_each_layout_once,
+    train_losses,
+)
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.sample import load_model
@@ -44,27 +53,12 @@ ZERO3 = ["--strategy.name", "deepspeed", "--strategy.deepspeed.stage", "3"]
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """name -> out_dir of that layout's run; each layout trains once per test session."""
-    done: dict[str, Path] = {}
-
-    def run(name: str) -> Path:
-        if name not in done:
-            out_dir = tmp_path_factory.mktemp(f"llama-{name}")
-            overrides, nodes = LAYOUTS[name]
-            run_nodes(train_args(out_dir, *SHARED, *overrides), nodes)
-            done[name] = out_dir
-        return done[name]
-
-    return run
-
-
-def assert_same_losses(actual: dict[int, float], expected: dict[int, float], tolerance: float) -> None:
-    assert sorted(actual) == sorted(expected) == list(range(1, STEPS + 1))
-    for step, loss in expected.items():
-        assert abs(actual[step] - loss) <= tolerance, f"step {step}: {actual[step]} vs {loss}"
+    return train_each_layout_once(tmp_path_factory, LAYOUTS, SHARED)
 
 
 def test_ddp_fsdp2_hsdp_and_tensor_parallel_train_the_llama_to_the_same_losses(trained: Callable[[str], Path]) -> None:
     reference = train_losses(trained("ddp"))
+    assert sorted(reference) == list(range(1, STEPS + 1))
     assert reference[STEPS] < reference[1]
     for name in ("fsdp2", "hsdp", "tp"):
         assert_same_losses(train_losses(trained(name)), reference, tolerance=1e-4)
@@ -74,6 +68,7 @@ def test_deepspeed_zero3_trains_the_llama_like_ddp(trained: Callable[[str], Path
     script = PROJECT / "tests" / "deepspeed_on_cpu.py"
     result = run_cli(*train_args(tmp_path, *SHARED, *ZERO3), script=script)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(train_losses(tmp_path)) == list(range(1, STEPS + 1))
     assert_same_losses(train_losses(tmp_path), train_losses(trained("ddp")), tolerance=1e-5)
 
 

@@ -14,7 +14,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import PACKAGE, RECIPES, TINY, cli_env, recipe_args, run_cli, run_nodes, train_args, train_losses
+from helpers import (
+    PACKAGE,
+    RECIPES,
+    TINY,
+    assert_same_losses,
+    cli_env,
+    recipe_args,
+    run_cli,
+    train_args,
+    train_each_layout_once,
+    train_losses,
+)
 
 from {{ cookiecutter.package_name }}.models import count_parameters
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
@@ -58,23 +69,7 @@ SHARED = [
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """name -> out_dir of that layout's run; each layout trains once per test session."""
-    done: dict[str, Path] = {}
-
-    def run(name: str) -> Path:
-        if name not in done:
-            out_dir = tmp_path_factory.mktemp(name)
-            overrides, nodes = LAYOUTS[name]
-            run_nodes(train_args(out_dir, *SHARED, *overrides), nodes)
-            done[name] = out_dir
-        return done[name]
-
-    return run
-
-
-def assert_same_losses(actual: dict[int, float], expected: dict[int, float], tolerance: float) -> None:
-    assert sorted(actual) == sorted(expected)
-    for step, loss in expected.items():
-        assert abs(actual[step] - loss) <= tolerance, f"step {step}: {actual[step]} vs {loss}"
+    return train_each_layout_once(tmp_path_factory, LAYOUTS, SHARED)
 
 
 def test_ddp_fsdp2_hsdp_and_tensor_parallel_give_the_same_losses(trained: Callable[[str], Path]) -> None:
