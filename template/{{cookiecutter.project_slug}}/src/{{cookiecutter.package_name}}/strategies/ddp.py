@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from {{ cookiecutter.package_name }}.strategies.base import PlanOption, TrainingStrategy, process_group_options
+from {{ cookiecutter.package_name }}.strategies.base import (
+    PlanOption,
+    TrainingStrategy,
+    one_device_strategy,
+    process_group_options,
+)
 
 if TYPE_CHECKING:
     from lightning.fabric.strategies import Strategy
 
 
 class DDP(TrainingStrategy):
-    """Fabric's DDPStrategy."""
+    """Fabric's DDPStrategy; on one process, Fabric's SingleDeviceStrategy (nothing to replicate)."""
 
     name = "ddp"
     checkpoint_layout = "replicated"
@@ -19,6 +24,8 @@ class DDP(TrainingStrategy):
     def fabric_strategy(self) -> Strategy:
         from lightning.fabric.strategies import DDPStrategy
 
+        if self.recipe.world_size == 1:
+            return one_device_strategy()
         return DDPStrategy(**process_group_options(self.recipe))
 
     def plan_options(self) -> list[PlanOption]:
