@@ -107,7 +107,6 @@ def consolidate_checkpoint(name: str, output: str) -> None:
 
 def print_plan(args: Any) -> None:
     """Print the training state per GPU of every strategy for a recipe's model and layout, and a recommendation."""
-    from {{ cookiecutter.package_name }}.models import count_parameters  # imports torch
     from {{ cookiecutter.package_name }}.plan import plan
 
     if args.gpu_memory_gib <= 0:
@@ -115,7 +114,7 @@ def print_plan(args: Any) -> None:
     if not 0 <= args.headroom < 1:
         raise RecipeError(f"--headroom={args.headroom:g} must be in [0, 1): the fraction of GPU memory kept free")
     recipe = load_recipe(find_recipe(args.recipe))
-    lines, verdict = plan(recipe, count_parameters(recipe.model), args.gpu_memory_gib, args.headroom)
+    lines, verdict = plan(recipe, recipe.model.parameter_count(), args.gpu_memory_gib, args.headroom)
     print("\n".join([*lines, "", verdict]))
 
 

@@ -137,6 +137,19 @@ class ModelConfig:
         """Sizes that tensor parallel splits evenly over its ranks (attention heads and width)."""
         return {"n_head": self.n_head, "n_embd": self.n_embd}
 
+    def parameter_count(self) -> int:
+        """Parameters of the model, counted without building it or importing torch (for `plan`).
+
+        The GPT of models/gpt.py: token and position embeddings, per block two norms, q/k/v/proj and the
+        two MLP layers, a final norm and an untied head; tests check it against the built model.
+        """
+        width, hidden, bias = self.n_embd, self.mlp_ratio * self.n_embd, int(self.bias)
+        norm = width * (1 + bias)
+        attention = 4 * (width * width + width * bias)
+        mlp = width * hidden + hidden * bias + hidden * width + width * bias
+        embeddings = (self.vocab_size + self.block_size) * width
+        return embeddings + self.n_layer * (2 * norm + attention + mlp) + norm + self.vocab_size * width
+
 
 @dataclass
 class DataConfig:
