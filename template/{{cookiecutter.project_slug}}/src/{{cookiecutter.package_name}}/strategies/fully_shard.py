@@ -14,7 +14,7 @@ import torch
 from lightning.fabric.strategies import ModelParallelStrategy
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
@@ -68,12 +68,12 @@ def parallelize(
             parallelize_module(block, tensor_mesh, model.tensor_parallel_plan())
     prepare_blocks(model, config)
     offload = config.fsdp2 is not None and config.fsdp2.cpu_offload
-    policy = {"offload_policy": CPUOffloadPolicy()} if offload else {}
+    policy = CPUOffloadPolicy() if offload else OffloadPolicy()  # OffloadPolicy(): fully_shard's default, none
     for block in model.blocks:
-        fully_shard(block, mesh=data_mesh, **policy)
+        fully_shard(block, mesh=data_mesh, offload_policy=policy)
     # The root is gathered for the whole step anyway; keeping it unsharded after forward saves
     # one all-gather per step (as torchtitan does).
-    fully_shard(model, mesh=data_mesh, reshard_after_forward=False, **policy)
+    fully_shard(model, mesh=data_mesh, reshard_after_forward=False, offload_policy=policy)
     if config.meta_init:
         materialize(model, "cpu" if offload else device_mesh.device_type)  # offloaded shards live in host memory
     return model
