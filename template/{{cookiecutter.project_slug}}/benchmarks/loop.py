@@ -251,7 +251,7 @@ def main() -> None:
         for name, mode in variants:
             loops[name](args, mode)
     for repeat in range(args.repeats):
-        for name, mode in variants:
+        for name, mode in variants if repeat % 2 == 0 else variants[::-1]:  # no variant always runs first
             key = f"{name}_{'compiled' if mode else 'eager'}"
             wall, cpu = loops[name](args, mode)
             seconds[key].append(wall)
