@@ -15,6 +15,7 @@ LAYOUTS = {
     "fsdp2-2": ["--strategy.name", "fsdp2", "--devices", "2", "--train.grad_accum_steps", "1"],
     "fsdp2-1": ["--strategy.name", "fsdp2", "--devices", "1", "--train.grad_accum_steps", "2"],
     "ddp-2": ["--strategy.name", "ddp", "--devices", "2", "--train.grad_accum_steps", "1"],
+    "ddp-1": ["--strategy.name", "ddp", "--devices", "1", "--train.grad_accum_steps", "2"],  # no DDP wrapper
 }
 
 
@@ -35,7 +36,15 @@ def source_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.parametrize(
     ("saved_by", "resumed_by"),
-    [("fsdp2-2", "fsdp2-1"), ("fsdp2-1", "fsdp2-2"), ("ddp-2", "fsdp2-2"), ("fsdp2-2", "ddp-2")],
+    [
+        ("fsdp2-2", "fsdp2-1"),
+        ("fsdp2-1", "fsdp2-2"),
+        ("ddp-2", "fsdp2-2"),
+        ("fsdp2-2", "ddp-2"),
+        ("ddp-1", "fsdp2-2"),
+        ("fsdp2-2", "ddp-1"),
+        ("ddp-1", "ddp-2"),
+    ],
 )
 def test_checkpoint_continues_in_another_layout(
     tmp_path: Path, source_runs: dict[str, Path], saved_by: str, resumed_by: str

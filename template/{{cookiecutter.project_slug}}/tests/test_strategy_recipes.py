@@ -156,6 +156,7 @@ def test_activation_checkpointing_wraps_every_kth_block_and_keeps_parameter_name
         (["--strategy.name", "deepspeed"], "strategy.name=deepspeed needs CUDA GPUs"),
         (["--strategy.name", "fsdp"], "strategy.name=fsdp needs CUDA GPUs"),
         (["--strategy.fsdp2.float8", "true"], "strategy.fsdp2.float8=true needs GPUs"),
+        (["--strategy.fsdp2.cpu_offload", "true"], "strategy.fsdp2.cpu_offload=true needs CUDA GPUs"),
         (
             ["--strategy.name", "ddp", "--strategy.fsdp2.tensor_parallel_size", "2"],
             "applies only to strategy.name=fsdp2",

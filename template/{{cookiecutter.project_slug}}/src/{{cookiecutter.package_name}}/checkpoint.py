@@ -48,10 +48,19 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
         # (future, partial folder or None once made visible, meta) of a background save
         self._pending: tuple[Any, Path | None, dict[str, Any]] | None = None
-        self._process_group = None
+        self._process_group: Any = None
+        self._stager: Any = None
         if self.config.async_save:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
             # Background writes synchronise over their own group, never racing the training collectives.
             self._process_group = torch.distributed.new_group(backend="gloo")
+            # One stager for the run: the host copies it makes at the first save are reused by the later
+            # ones, which then block the loop only for the copy (into pinned memory on a GPU).
+            pinned = torch.cuda.is_available()
+            self._stager = DefaultStager(
+                StagingOptions(pinned, False, use_async_staging=False, use_non_blocking_copy=False)
+            )
 
     def time_is_up(self) -> bool:
         """Whether save_every_minutes have passed on this rank's clock since the last save (ranks then agree)."""
@@ -85,7 +94,7 @@ class Checkpointer:
             "wandb_run_id": state.get("wandb_run_id"),  # readable before launch, to continue the same W&B run
         }
         if self.config.async_save:
-            future = _async_save_sharded(self.fabric, partial / "state", state, self._process_group)
+            future = _async_save_sharded(self.fabric, partial / "state", state, self._process_group, self._stager)
             self._pending = (future, partial, meta)
         else:
             self.fabric.save(partial / "state", state)
@@ -132,7 +141,7 @@ class Checkpointer:
             remove_old_checkpoints(self.root, self.config.keep_last)
 
 
-def _async_save_sharded(fabric: Fabric, path: Path, state: dict[str, Any], process_group: Any) -> Any:
+def _async_save_sharded(fabric: Fabric, path: Path, state: dict[str, Any], process_group: Any, stager: Any) -> Any:
     """Start a background torch.distributed.checkpoint save in the layout `fabric.load` reads.
 
     Fabric has no asynchronous save; this mirrors its sharded layout (model and optimizer in DCP,
@@ -151,7 +160,7 @@ def _async_save_sharded(fabric: Fabric, path: Path, state: dict[str, Any], proce
         path.mkdir(parents=True, exist_ok=True)
         torch.save(rest, path / _METADATA_FILENAME)
     fabric.barrier()
-    return async_save(sharded, checkpoint_id=path, process_group=process_group)
+    return async_save(sharded, checkpoint_id=path, process_group=process_group, async_stager=stager)
 
 
 def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any], recipe: Recipe) -> None:

@@ -25,10 +25,13 @@ class Fsdp2Options:
             divide devices. 1 turns tensor parallel off.
         float8: Train the blocks' linear layers in float8 with torchao (GPUs with compute
             capability 8.9 or newer: H100, L4, ...).
+        cpu_offload: Keep parameters, gradients and optimizer state in host memory between uses
+            (GPUs only; torch's CPUOffloadPolicy): a larger model on fewer GPUs, at some speed.
     """
 
     tensor_parallel_size: int = 1
     float8: bool = False
+    cpu_offload: bool = False
 
 
 @dataclass

@@ -183,7 +183,13 @@ class TrainingStrategy:
 
     def clip_and_step(self, fabric: Fabric, model: Any, optimizer: Any, max_norm: float) -> torch.Tensor | None:
         """Clip the global gradient norm to `max_norm` (0: no clipping), step; return the norm before clipping."""
-        grad_norm = fabric.clip_gradients(model, optimizer, max_norm=max_norm) if max_norm > 0 else None
+        # error_if_nonfinite would read the norm on the host: a second sync per step. A non-finite
+        # gradient comes from a non-finite loss, which step_decision.decide has already caught.
+        grad_norm = (
+            fabric.clip_gradients(model, optimizer, max_norm=max_norm, error_if_nonfinite=False)
+            if max_norm > 0
+            else None
+        )
         optimizer.step()
         return grad_norm
 
@@ -212,6 +218,25 @@ def prepare_blocks(model: Any, config: Any) -> Any:
             block.compile()  # in place: parameter names, and so checkpoints, stay the same
         model.blocks[index] = block
     return model
+
+
+def one_device_strategy() -> Strategy:
+    """Fabric's SingleDeviceStrategy, for a run of one process: nothing to replicate, so no wrapper around
+    the model, no process group and no gradient all_reduce (a DDP wrapper on one device costs time each
+    step and splits a compiled graph at its buckets). Its checkpoints are DDP's: one file, the same keys.
+    """
+    import torch
+    from lightning.fabric.accelerators import CUDAAccelerator
+    from lightning.fabric.strategies import SingleDeviceStrategy
+
+    class OneDevice(SingleDeviceStrategy):
+        """On cuda:0 or the CPU, whichever accelerator Fabric chose for the recipe."""
+
+        @property
+        def root_device(self) -> torch.device:
+            return torch.device("cuda", 0) if isinstance(self.accelerator, CUDAAccelerator) else torch.device("cpu")
+
+    return OneDevice()
 
 
 def gpu_only(name: str, package: str | None = None) -> GpuRequirement:

@@ -10,6 +10,7 @@ from {{ cookiecutter.package_name }}.strategies.base import (
     PlanSizes,
     PlanTerm,
     TrainingStrategy,
+    one_device_strategy,
     process_group_options,
 )
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 
 class DDP(TrainingStrategy):
-    """Fabric's DDPStrategy."""
+    """Fabric's DDPStrategy; on one process, Fabric's SingleDeviceStrategy (nothing to replicate)."""
 
     name = "ddp"
     checkpoint_layout = "replicated"
@@ -26,6 +27,8 @@ class DDP(TrainingStrategy):
     def fabric_strategy(self) -> Strategy:
         from lightning.fabric.strategies import DDPStrategy
 
+        if self.recipe.world_size == 1:
+            return one_device_strategy()
         return DDPStrategy(**process_group_options(self.recipe))
 
     def plan_options(self) -> list[PlanOption]:

@@ -14,7 +14,7 @@ import torch
 from lightning.fabric.strategies import ModelParallelStrategy
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
@@ -67,13 +67,15 @@ def parallelize(
         for block in model.blocks:
             parallelize_module(block, tensor_mesh, model.tensor_parallel_plan())
     prepare_blocks(model, config)
+    offload = config.fsdp2 is not None and config.fsdp2.cpu_offload
+    policy = CPUOffloadPolicy() if offload else OffloadPolicy()  # OffloadPolicy(): fully_shard's default, none
     for block in model.blocks:
-        fully_shard(block, mesh=data_mesh)
+        fully_shard(block, mesh=data_mesh, offload_policy=policy)
     # The root is gathered for the whole step anyway; keeping it unsharded after forward saves
     # one all-gather per step (as torchtitan does).
-    fully_shard(model, mesh=data_mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=data_mesh, reshard_after_forward=False, offload_policy=policy)
     if config.meta_init:
-        materialize(model, device_mesh.device_type)
+        materialize(model, "cpu" if offload else device_mesh.device_type)  # offloaded shards live in host memory
     return model
 
 

@@ -77,6 +77,13 @@ class FSDP2(TrainingStrategy):
             )
 
     def gpu_requirement(self) -> GpuRequirement | None:
+        if self.options.cpu_offload and not self.options.float8:
+            return GpuRequirement(
+                field="strategy.fsdp2.cpu_offload=true",
+                needs="CUDA GPUs",
+                why="it moves the training state between GPU and host memory",
+                remedy="set it false",
+            )
         if not self.options.float8:
             return None
         return GpuRequirement(

@@ -1,0 +1,302 @@
+"""Every benchmark of the project in one command: one table, `benchmarks/results/latest.json`.
+
+    python benchmarks/run.py            # the measurement (under 10 minutes on 2 CPU cores)
+    python benchmarks/run.py --quick    # tiny sizes: checks that every benchmark runs, measures nothing
+
+Every figure is a ratio of two things measured side by side in this run, on this machine, in
+alternating (interleaved) repeats so that the machine's drift hits both alike; the table gives the
+median over repeats and the spread (min..max). The workers are the other files of this folder:
+
+    loop.py           the project's loop against a hand-written loop, eager and compiled; host syncs per
+                      step; a run for the scaling figure
+    state.py          training state per rank under fsdp2 against ddp (2 processes)
+    checkpoint_io.py  sync save against the disk, async save's blocked time against a memory copy, load
+    step_sync.py      one fused all_reduce per step against one collective per decision
+The start-up figure (command to first optimizer step against `import torch, lightning`) is measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+PROJECT = HERE.parent
+PACKAGE = "{{ cookiecutter.package_name }}"
+RESULTS = HERE / "results" / "latest.json"
+
+# (key, what it is, target as (comparison, bound) or None)
+FIGURES: list[tuple[str, str, tuple[str, float] | None]] = [
+    ("loop_vs_handwritten_eager", "project loop speed / hand-written, eager", (">=", 0.98)),
+    ("loop_vs_handwritten_compiled", "project loop speed / hand-written, compiled blocks", (">=", 0.98)),
+    ("compile_gain_ratio", "compile speed-up of the project / of the hand-written loop", (">=", 0.98)),
+    ("loop_vs_handwritten_eager_cpu_time", "the same in CPU seconds of the process", (">=", 0.98)),
+    ("loop_vs_handwritten_compiled_cpu_time", "the same in CPU seconds of the process", (">=", 0.98)),
+    ("compile_gain_ratio_cpu_time", "the same in CPU seconds of the process", (">=", 0.98)),
+    ("loop_vs_handwritten_eager_best", "the same, best run of each variant (least disturbed)", (">=", 0.98)),
+    ("loop_vs_handwritten_compiled_best", "the same, best run of each variant (least disturbed)", (">=", 0.98)),
+    ("compile_gain_ratio_best", "the same, best run of each variant (least disturbed)", (">=", 0.98)),
+    ("host_syncs_per_step", "host syncs per step outside logging steps (counted)", ("<=", 1)),
+    ("fsdp2_state_vs_ddp", "training state per rank, fsdp2 / ddp, 2 processes", ("<=", 0.52)),
+    ("scaling_2x1_vs_1x1", "tokens/s, 2 processes x 1 thread / 1 x 1 (ideal 2)", None),
+    ("fused_decide_vs_per_decision", "step time, one fused all_reduce / one per decision", ("<=", 1.0)),
+    ("save_vs_disk", "sync save MiB/s / the disk's fsync write MiB/s", None),
+    ("save_vs_memory_copy", "sync save time / a memory copy of the same state", None),
+    ("async_blocked_vs_memory_copy", "async save: loop blocked / a memory copy of the state", ("<=", 2.0)),
+    ("async_blocked_vs_sync", "async save: loop blocked / a sync save", None),
+    ("load_vs_save", "load time / sync save time", None),
+    ("startup_vs_import", "command to first optimizer step / import torch, lightning", ("<=", 1.5)),
+]
+
+
+def worker_env(threads: int) -> dict[str, str]:
+    """The environment of a worker: the package importable, `threads` threads per process, W&B quiet."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT / "src"), env.get("PYTHONPATH")]))
+    env.update({"OMP_NUM_THREADS": str(threads), "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    # Compile in the process: a pool of compile workers would start in the background and share the
+    # cores with the timed steps.
+    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    return env
+
+
+def run_worker(script: str, *args: str, threads: int = 2, timeout: float = 1200) -> dict[str, Any]:
+    """Run benchmarks/<script> with `--json FILE` and return what it wrote."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as folder:
+        output = Path(folder) / "result.json"
+        command = [sys.executable, str(HERE / script), "--json", str(output), *args]
+        result = subprocess.run(command, env=worker_env(threads), capture_output=True, text=True, timeout=timeout)
+        if result.returncode != 0 or not output.is_file():
+            raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+        for line in result.stderr.splitlines():  # the worker's own progress lines
+            if line.startswith("  repeat "):
+                print(line, file=sys.stderr)
+        return json.loads(output.read_text())
+
+
+def summary(values: list[float]) -> dict[str, Any]:
+    """Median and spread of a figure's repeats."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "repeats": values}
+
+
+def loop_figures(quick: bool, repeats: int, steps: int) -> dict[str, dict[str, Any]]:
+    """The project's loop against the hand-written one, eager and compiled, per repeat; host syncs per step."""
+    result = run_worker("loop.py", "--repeats", str(repeats), "--steps", str(steps), *(["--quick"] if quick else []))
+    figures: dict[str, dict[str, Any]] = {}
+    for clock, suffix in (("seconds_per_step", ""), ("cpu_seconds_per_step", "_cpu_time")):
+        seconds = result[clock]
+        variants = ("project_eager", "handwritten_eager", "project_compiled", "handwritten_compiled")
+        rounds = list(zip(*(seconds[variant] for variant in variants), strict=True))
+        figures[f"loop_vs_handwritten_eager{suffix}"] = summary([he / pe for pe, he, _, _ in rounds])
+        figures[f"loop_vs_handwritten_compiled{suffix}"] = summary([hc / pc for _, _, pc, hc in rounds])
+        # (the project's compile speed-up) / (the hand-written loop's)
+        figures[f"compile_gain_ratio{suffix}"] = summary([(pe / pc) / (he / hc) for pe, he, pc, hc in rounds])
+    # On a shared machine a run is either undisturbed or slowed several times over by other work; the
+    # best run of each variant is the least disturbed one, so the ratio of the best runs is given too.
+    best = {variant: min(values) for variant, values in result["seconds_per_step"].items()}
+    figures["loop_vs_handwritten_eager_best"] = summary([best["handwritten_eager"] / best["project_eager"]])
+    figures["loop_vs_handwritten_compiled_best"] = summary([best["handwritten_compiled"] / best["project_compiled"]])
+    figures["compile_gain_ratio_best"] = summary(
+        [
+            (best["project_eager"] / best["project_compiled"])
+            / (best["handwritten_eager"] / best["handwritten_compiled"])
+        ]
+    )
+    syncs = result["host_syncs_per_step"]
+    figures["host_syncs_per_step"] = {**summary([float(count) for count in syncs]), "median": max(syncs)}
+    figures["seconds_per_step"] = result["seconds_per_step"]
+    return figures
+
+
+def scaling_figure(quick: bool, repeats: int) -> dict[str, Any]:
+    """Tokens/s of 2 processes x 1 thread against 1 x 1 at the same per-process batch, alternating runs."""
+    ratios = []
+    for _ in range(repeats):
+        times = {}
+        for devices in (1, 2):
+            args = ["--only", "project", "--compile", "eager", "--devices", str(devices), "--threads", "1"]
+            args += ["--repeats", "1", "--steps", "12" if quick else "15"]
+            times[devices] = run_worker("loop.py", *args, *(["--quick"] if quick else []), threads=1)
+        one, two = (times[d]["seconds_per_step"]["project_eager"][0] for d in (1, 2))
+        ratios.append(2 * one / two)  # twice the tokens per step on two processes
+    return summary(ratios)
+
+
+def state_figure(quick: bool) -> dict[str, Any]:
+    """Bytes of parameters, gradients and optimizer state per rank, fsdp2 against ddp (exact: one run each)."""
+    sizes = {
+        name: run_worker("state.py", "--strategy", name, *(["--quick"] if quick else [])) for name in ("ddp", "fsdp2")
+    }
+    ratio = sizes["fsdp2"]["bytes_per_rank"] / sizes["ddp"]["bytes_per_rank"]
+    return {**summary([ratio]), "bytes_per_rank": {name: size["bytes_per_rank"] for name, size in sizes.items()}}
+
+
+def checkpoint_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any]]:
+    """Sync save against the disk and a memory copy; async save's blocked time; load."""
+    size = ["--n_layer", "1", "--n_embd", "64"] if quick else ["--n_layer", "4", "--n_embd", "512"]
+    result = run_worker("checkpoint_io.py", *size, "--repeats", str(repeats), threads=1)
+    rows = result["repeats"]
+
+    def ratio(numerator: Callable[[dict], float], denominator: Callable[[dict], float]) -> dict[str, Any]:
+        return summary([numerator(row) / denominator(row) for row in rows])
+
+    return {
+        "save_vs_disk": ratio(lambda r: r["bytes"] / r["sync_save_s"], lambda r: r["disk_bytes_per_s"]),
+        "save_vs_memory_copy": ratio(lambda r: r["sync_save_s"], lambda r: r["memory_copy_s"]),
+        "async_blocked_vs_memory_copy": ratio(lambda r: r["async_blocked_s"], lambda r: r["memory_copy_s"]),
+        "async_blocked_vs_sync": ratio(lambda r: r["async_blocked_s"], lambda r: r["sync_save_s"]),
+        "load_vs_save": ratio(lambda r: r["load_s"], lambda r: r["sync_save_s"]),
+        "checkpoint_rounds": {"first_async_blocked_s": result["first_async_blocked_s"], "rounds": rows},
+    }
+
+
+def step_sync_figure(quick: bool, repeats: int) -> dict[str, Any]:
+    """The fused per-step decision against one collective per decision, per round."""
+    args = ["--rounds", str(max(2, repeats * 2)), "--steps", "3" if quick else "20"]
+    rounds = run_worker("step_sync.py", *args, threads=1)["rounds"]
+    return summary([row["fused"] / row["per_decision"] for row in rounds])
+
+
+def first_step_probe(argv: list[str]) -> None:
+    """Run the command line `argv`; at the end of the first optimizer step print the time and exit."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        print(f"FIRST_STEP {time.time()}", flush=True)
+        os._exit(0)
+
+    register_optimizer_step_post_hook(hook)
+    sys.argv = [PACKAGE, *argv]
+    from importlib import import_module
+
+    import_module(f"{PACKAGE}.cli").main()
+
+
+def startup_figure(quick: bool, repeats: int) -> dict[str, Any]:
+    """Seconds from starting `train` to the end of its first optimizer step, against `import torch, lightning`."""
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as out_dir:
+        train = ["train", "--config", str(PROJECT / "recipes" / "cpu-debug.yaml"), "--devices", "1"]
+        train += [
+            "--strategy.name",
+            "ddp",
+            "--out_dir",
+            out_dir,
+            "--logger.name",
+            "none",
+            "--checkpoint.resume",
+            "null",
+        ]
+        ratios, seconds = [], {"import_torch_lightning": [], "to_first_step": []}
+        for _ in range(repeats):
+            start = time.time()
+            subprocess.run([sys.executable, "-c", "import torch, lightning"], env=worker_env(2), check=True)
+            imports = time.time() - start
+            start = time.time()
+            probe = [sys.executable, str(Path(__file__).resolve()), "--first-step-probe", *train]
+            result = subprocess.run(probe, env=worker_env(2), capture_output=True, text=True, timeout=300)
+            lines = [line for line in result.stdout.splitlines() if line.startswith("FIRST_STEP ")]
+            if not lines:
+                raise RuntimeError(f"no optimizer step in {' '.join(probe)}:\n{result.stderr[-3000:]}")
+            first_step = float(lines[0].split()[1]) - start
+            ratios.append(first_step / imports)
+            seconds["import_torch_lightning"].append(imports)
+            seconds["to_first_step"].append(first_step)
+    return {**summary(ratios), "seconds": seconds}
+
+
+def met(value: float, target: tuple[str, float] | None) -> str:
+    if target is None:
+        return ""
+    comparison, bound = target
+    return "yes" if (value >= bound if comparison == ">=" else value <= bound) else "NO"
+
+
+def table(figures: dict[str, dict[str, Any]]) -> str:
+    """The figures as one plain-text table."""
+    lines = [f"{'figure':<38} {'median':>8} {'spread':>17}  {'target':>7}  met  what"]
+    for key, what, target in FIGURES:
+        if key not in figures:
+            continue
+        value = figures[key]
+        spread = f"{value['min']:.3f}..{value['max']:.3f}"
+        goal = f"{target[0]} {target[1]:g}" if target else ""
+        lines.append(
+            f"{key:<38} {value['median']:>8.3f} {spread:>17}  {goal:>7}  {met(value['median'], target):>3}  {what}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--first-step-probe"]:
+        first_step_probe(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="Tiny sizes, one repeat: a run, not a measurement.")
+    parser.add_argument("--repeats", type=int, default=None, help="Interleaved repeats (default 2; --quick: 1).")
+    parser.add_argument("--out", default=str(RESULTS), help="JSON file to write.")
+    parser.add_argument(
+        "--loop_steps", type=int, default=25, help="Steps per loop run, timed from step 5 (40: a longer window)."
+    )
+    args = parser.parse_args()
+    repeats = args.repeats or (1 if args.quick else 2)
+    started = time.perf_counter()
+
+    figures: dict[str, dict[str, Any]] = {}
+    sections: list[tuple[str, Callable[[], Any]]] = [
+        ("loop", lambda: figures.update(loop_figures(args.quick, repeats, args.loop_steps))),
+        ("state", lambda: figures.update(fsdp2_state_vs_ddp=state_figure(args.quick))),
+        ("scaling", lambda: figures.update(scaling_2x1_vs_1x1=scaling_figure(args.quick, repeats))),
+        ("step sync", lambda: figures.update(fused_decide_vs_per_decision=step_sync_figure(args.quick, repeats))),
+        ("checkpoint", lambda: figures.update(checkpoint_figures(args.quick, repeats))),
+        ("start-up", lambda: figures.update(startup_vs_import=startup_figure(args.quick, repeats))),
+    ]
+    seconds = {}
+    for name, measure in sections:
+        section_start = time.perf_counter()
+        print(f"measuring {name} ...", file=sys.stderr, flush=True)
+        measure()
+        seconds[name] = time.perf_counter() - section_start
+
+    import torch
+
+    machine = {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "load_average_1min": os.getloadavg()[0],
+    }
+    report = {
+        "command": " ".join(["python", "benchmarks/run.py", *sys.argv[1:]]),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine,
+        "quick": args.quick,
+        "repeats": repeats,
+        "seconds": {**seconds, "total": time.perf_counter() - started},
+        "targets": {key: list(target) for key, _, target in FIGURES if target},
+        **figures,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(
+        f"{report['date']}, {machine['cores']} cores ({machine['cpu']}), torch {machine['torch']}, {report['command']}"
+    )
+    print(table(figures))
+    print(f"({report['seconds']['total']:.0f} s; written to {out})")
+
+
+if __name__ == "__main__":
+    main()
