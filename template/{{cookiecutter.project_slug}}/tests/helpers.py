@@ -66,6 +66,9 @@ def cli_env() -> dict[str, str]:
     # W&B gives up starting its service after 90 s; a loaded 2-core machine can take longer than that.
     env.setdefault("WANDB_INIT_TIMEOUT", "600")
     env.pop("WANDB_API_KEY", None)
+    # A W&B run in this test process (tests/test_observe.py) leaves WANDB_SERVICE naming its own service;
+    # a training run that inherits it talks to that service instead of starting its own, and its ranks fail.
+    env.pop("WANDB_SERVICE", None)
     return env
 
 
