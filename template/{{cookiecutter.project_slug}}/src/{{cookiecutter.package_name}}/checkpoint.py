@@ -17,6 +17,8 @@ import json
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,21 +48,15 @@ class Checkpointer:
         self.config = recipe.checkpoint
         self.root = checkpoint_root(recipe)
         self._last_save_time = time.monotonic()
-        # (future, partial folder or None once made visible, meta) of a background save
-        self._pending: tuple[Any, Path | None, dict[str, Any]] | None = None
+        self._pending: Future[None] | None = None  # a background save, until written and made visible
         self._process_group: Any = None
         self._stager: Any = None
         if self.config.async_save:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
             # Background writes synchronise over their own group, never racing the training collectives.
             self._process_group = torch.distributed.new_group(backend="gloo")
-            # One stager for the run: the host copies it makes at the first save are reused by the later
-            # ones, which then block the loop only for the copy (into pinned memory on a GPU).
-            pinned = torch.cuda.is_available()
-            self._stager = DefaultStager(
-                StagingOptions(pinned, False, use_async_staging=False, use_non_blocking_copy=False)
-            )
+            self._stager = HostCopy(pinned=torch.cuda.is_available())
+            # Finishing a save (meta.json, the rename, retention's deletions) is file work the loop need not wait for.
+            self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-finish")
 
     def time_is_up(self) -> bool:
         """Whether save_every_minutes have passed on this rank's clock since the last save (ranks then agree)."""
@@ -94,8 +90,8 @@ class Checkpointer:
             "wandb_run_id": state.get("wandb_run_id"),  # readable before launch, to continue the same W&B run
         }
         if self.config.async_save:
-            future = _async_save_sharded(self.fabric, partial / "state", state, self._process_group, self._stager)
-            self._pending = (future, partial, meta)
+            written = _async_save_sharded(self.fabric, partial / "state", state, self._process_group, self._stager)
+            self._pending = self._finisher.submit(self._finish_when_written, written, partial, meta)
         else:
             self.fabric.save(partial / "state", state)
             self.fabric.barrier()
@@ -106,29 +102,28 @@ class Checkpointer:
         return time.perf_counter() - start
 
     def poll(self) -> None:
-        """Make a background save visible as soon as it has finished, without blocking (call every step)."""
-        if self._pending is not None and self.fabric.global_rank == 0 and self._pending[0].done():
-            future, partial, meta = self._pending
-            future.result()  # on the coordinator, done means every rank's shard and the metadata are written
-            fault_point("in-save", meta["step"], self.recipe.out_dir)
-            self._finish(partial, meta)
-            self._pending = (future, None, meta)
+        """Raise the error of a background save that failed, without blocking (call every step)."""
+        if self._pending is not None and self._pending.done():
+            self._pending.result()
 
     def wait(self) -> None:
-        """Block until a background save has finished, then make it visible."""
+        """Block until a background save is written and visible on every rank."""
         if self._pending is None:
             return
-        future, partial, meta = self._pending
-        self._pending = None
-        future.result()
-        if partial is not None:  # not yet made visible by poll()
-            fault_point("in-save", meta["step"], self.recipe.out_dir)
-            self._finish(partial, meta)
+        pending, self._pending = self._pending, None
+        pending.result()
         self.fabric.barrier()
 
-    def _finish(self, partial: Path | None, meta: dict[str, Any]) -> None:
+    def _finish_when_written(self, written: Future[Any], partial: Path, meta: dict[str, Any]) -> None:
+        """In the background: once the shards are written, make the checkpoint visible (rank 0)."""
+        written.result()  # on the coordinator (rank 0), done means every rank's shard and the metadata are written
+        if self.fabric.global_rank == 0:
+            fault_point("in-save", meta["step"], self.recipe.out_dir)
+            self._finish(partial, meta)
+
+    def _finish(self, partial: Path, meta: dict[str, Any]) -> None:
         """On rank 0: record the files, rename into place, apply retention."""
-        if self.fabric.global_rank != 0 or partial is None:
+        if self.fabric.global_rank != 0:
             return
         (partial / "config.yaml").write_text(dump_recipe(self.recipe))
         files = sorted(p for p in partial.rglob("*") if p.is_file())
@@ -139,6 +134,81 @@ class Checkpointer:
         partial.rename(final)
         if self.config.keep_last:
             remove_old_checkpoints(self.root, self.config.keep_last)
+
+
+class HostCopy:
+    """Stages a state dict for a background save into host tensors made once and reused by every later save.
+
+    The first save copies through torch's DefaultStager, which allocates a host copy of each tensor
+    (pinned on a GPU). Later saves copy each tensor into its host copy of the same key, with no
+    allocation and no walk over tensor attributes: the loop is then blocked for about one plain memory
+    copy. Non-tensor values (learning rates, step counts) are taken fresh at every save. The host
+    copies are overwritten by the next save, so the previous background write must have finished
+    first (Checkpointer.save waits for it).
+    """
+
+    def __init__(self, pinned: bool) -> None:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        self._first = DefaultStager(StagingOptions(pinned, False, use_async_staging=False, use_non_blocking_copy=False))
+        self._copies: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        """stage() returns a finished copy: async_save has nothing to wait for after starting the write."""
+        return False
+
+    @torch.no_grad()
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        if self._copies:
+            try:
+                return self._copy_into(state_dict, ())
+            except KeyError:  # another set of tensors (a parameter added or reshaped): stage afresh
+                self._copies.clear()
+        staged = self._first.stage(state_dict)
+        if isinstance(staged, Future):  # not with use_async_staging=False, but the type allows it
+            staged = staged.result()
+        self._copies = dict(_tensors(staged, ()))
+        return staged
+
+    def _copy_into(self, value: Any, key: tuple[Any, ...]) -> Any:
+        if isinstance(value, dict):
+            return {name: self._copy_into(item, (*key, name)) for name, item in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self._copy_into(item, (*key, index)) for index, item in enumerate(value))
+        if not torch.is_tensor(value):
+            return value
+        copy = self._copies[key]
+        if copy.shape != value.shape or copy.dtype != value.dtype or type(copy) is not type(value):
+            raise KeyError(key)
+        _local(copy).copy_(_local(value))
+        return copy
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: stage() returns a finished copy."""
+
+    def close(self) -> None:
+        self._copies.clear()
+        self._first.close()
+
+
+def _tensors(value: Any, key: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], torch.Tensor]]:
+    """(key path, tensor) of every tensor in a nested state dict."""
+    if isinstance(value, dict):
+        for name, item in value.items():
+            yield from _tensors(item, (*key, name))
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from _tensors(item, (*key, index))
+    elif torch.is_tensor(value):
+        yield key, value
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor, or the tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _async_save_sharded(fabric: Fabric, path: Path, state: dict[str, Any], process_group: Any, stager: Any) -> Any:
