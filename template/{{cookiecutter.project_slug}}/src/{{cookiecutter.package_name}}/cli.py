@@ -61,13 +61,11 @@ def build_parser() -> ArgumentParser:
 
     commands.add_subcommand("plan", plan_parser(PROG), help="Which strategy for a model on a cluster.")
 
+    from {{ cookiecutter.package_name }}.slurm import add_job_options
+
     slurm = ArgumentParser(exit_on_error=False, description="Print an sbatch script for a recipe (nodes, tasks, GPUs).")
     slurm.add_argument("recipe", help="Recipe name or path.")
-    slurm.add_argument("--time", default="24:00:00", help="Time limit (HH:MM:SS or D-HH:MM:SS).")
-    slurm.add_argument("--partition", default=None, help="SLURM partition.")
-    slurm.add_argument("--account", default=None, help="SLURM account.")
-    slurm.add_argument("--job_name", default=PROG, help="Job name.")
-    slurm.add_argument("--cpus_per_task", type=int, default=8, help="CPU cores per task (data loading, threads).")
+    add_job_options(slurm, job_name=PROG)
     commands.add_subcommand("slurm", slurm, help=f"Write an sbatch script: {PROG} slurm RECIPE > job.sbatch.")
 
     preparer = ArgumentParser(exit_on_error=False, description="Tokenize .txt/.jsonl/.parquet files into token shards.")

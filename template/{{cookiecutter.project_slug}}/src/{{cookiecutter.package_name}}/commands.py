@@ -8,7 +8,6 @@ Modules that import torch are imported inside the functions that need them, so l
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -247,16 +246,11 @@ def print_plan(argv: list[str], prog: str) -> None:
 
 def print_sbatch(args: Any) -> None:
     """Print the sbatch script for a recipe; its counts come from the recipe."""
-    from {{ cookiecutter.package_name }}.slurm import sbatch_script
+    from {{ cookiecutter.package_name }}.slurm import check_job_options, sbatch_script
 
     path = find_recipe(args.recipe)
     recipe = load_recipe(path)
-    if args.cpus_per_task < 1:
-        raise RecipeError(f"--cpus_per_task={args.cpus_per_task} must be >= 1")
-    if not re.fullmatch(r"\d+(-\d+)?(:\d+){0,2}", args.time):
-        raise RecipeError(
-            f"--time={args.time!r} is not a SLURM time limit (MINUTES, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)"
-        )
+    check_job_options(args.time, args.cpus_per_task)
     # Relative to the folder sbatch is run from (the job starts there), so the script works on any clone.
     relative = os.path.relpath(path.resolve())
     recipe_path = str(path.resolve()) if relative.startswith("..") else relative
