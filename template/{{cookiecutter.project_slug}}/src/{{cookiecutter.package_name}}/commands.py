@@ -152,23 +152,6 @@ PLAN_DEFAULTS = [
 PLAN_FLAGS = ("--parameters", "--gpu", "--gpu_memory_gib", "--interconnect", "--margin", "--host_memory_gib", "--write")
 
 
-def split_plan_arguments(argv: list[str]) -> tuple[str | None, list[str], list[str]]:
-    """(recipe or None, plan's own options, recipe overrides) of `plan [RECIPE] [options] [overrides]`."""
-    name = argv[0] if argv and not argv[0].startswith("-") else None
-    own: list[str] = []
-    overrides: list[str] = []
-    rest = argv[1:] if name else argv
-    while rest:
-        token, rest = rest[0], rest[1:]
-        if token.split("=")[0] in PLAN_FLAGS and "=" not in token and rest:
-            own, rest = [*own, token, rest[0]], rest[1:]
-        elif token.split("=")[0] in (*PLAN_FLAGS, "--json", "-h", "--help"):
-            own.append(token)
-        else:
-            overrides.append(token)
-    return name, own, overrides
-
-
 def plan_device(options: Any, recipe: Recipe) -> Device:
     """The device the plan assumes: a row of the hardware table (or a CPU process), its memory overridable."""
     from {{ cookiecutter.package_name }}.hardware import GPUS, PCIE_PEER_GB_S, gpu_model, precision_column
@@ -201,10 +184,10 @@ def print_plan(argv: list[str], prog: str) -> None:
     from {{ cookiecutter.package_name }}.hardware import INTERCONNECTS
     from {{ cookiecutter.package_name }}.plan import plan, plan_inputs
     from {{ cookiecutter.package_name }}.plan_report import library_recipe, reference_model, render, to_json, written_recipe
-    from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, recipe_parser
+    from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, recipe_parser, split_command_line
     from {{ cookiecutter.package_name }}.sizing import model_parameters
 
-    name, own, overrides = split_plan_arguments(argv)
+    name, own, overrides = split_command_line(argv, PLAN_FLAGS, ("--json",))
     try:
         options = plan_parser(prog).parse_args([*own] + ([name] if name else []))
     except Exception as error:  # jsonargparse's ArgumentError spans lines; keep the first
