@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import (
+    PACKAGE,
     RECIPES,
     assert_same_losses,
     assert_same_weights,
@@ -65,6 +66,20 @@ def test_a_preempted_job_saves_is_requeued_by_submitit_and_resumes_bitwise(
     assert_same_losses(before, {step: expected[step] for step in range(1, 12)}, tolerance=0.0)
     assert_same_losses(after, {step: expected[step] for step in range(12, MAX_STEPS + 1)}, tolerance=0.0)
     assert_same_weights(final_weights(out_dir, MAX_STEPS), final_weights(tmp_path / "reference", MAX_STEPS))
+
+
+@pytest.mark.slow
+def test_wait_reports_a_failed_job_in_one_line_with_exit_code_1(tmp_path: Path) -> None:
+    out_dir, folder = tmp_path / "run", tmp_path / "jobs"
+    submit = ["submit", str(RECIPES / "cpu-debug.yaml"), *run_overrides(out_dir, *SHARED)]
+    result = run_cli(*submit, "--local", "--wait", "--folder", str(folder), fault="nan-at-step:3")
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    job = result.stdout.split()[2]
+    assert result.stderr == (
+        f"stopped: job {job} failed: {PACKAGE}.errors.TrainingStopped: loss is NaN or infinite at step 3"
+        " (train.on_nonfinite_loss=stop): lower train.learning_rate or raise train.warmup_steps, then resume from"
+        f" the last checkpoint; or set train.on_nonfinite_loss=skip (log: {folder / f'{job}_0_log.err'})\n"
+    )
 
 
 def test_submitted_to_slurm_the_job_asks_for_the_recipes_layout_a_requeue_and_submitits_signal_before_the_limit(

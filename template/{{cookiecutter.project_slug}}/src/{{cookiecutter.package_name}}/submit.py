@@ -47,7 +47,7 @@ from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.slurm import SIGNAL_SECONDS_BEFORE_LIMIT, add_job_options, check_job_options, gpus_per_node
 
 if TYPE_CHECKING:
-    from submitit import Job
+    from submitit import Executor, Job
     from submitit.helpers import DelayedSubmission
 
 VALUE_OPTIONS = ("--time", "--partition", "--account", "--job_name", "--cpus_per_task", "--folder", "--max_timeouts")
@@ -107,7 +107,7 @@ def submit(argv: list[str], prog: str) -> None:
         _wait(job)
 
 
-def _executor(options: Any, recipe: Recipe, seconds: int) -> Any:
+def _executor(options: Any, recipe: Recipe, seconds: int) -> Executor:
     """submitit's local or SLURM executor, asking for the recipe's layout; refuses if submitit cannot run it."""
     try:
         import submitit
