@@ -114,23 +114,41 @@ def train_losses(out_dir: Path) -> dict[int, float]:
     return {int(row["step"]): float(row["train/loss"]) for row in read_csv_metrics(out_dir) if row.get("train/loss")}
 
 
+def run_overrides(out_dir: Path, *overrides: str) -> list[str]:
+    """Overrides of a recipe: the TINY model and CSV logs in out_dir, then the test's own overrides."""
+    return [*TINY, "--out_dir", str(out_dir), "--logger.name", "csv", *overrides]
+
+
 def recipe_args(out_dir: Path, *overrides: str) -> list[str]:
     """The cpu-debug recipe with the TINY model and CSV logs in out_dir, then the test's own overrides."""
-    return [
-        "--config",
-        str(RECIPES / "cpu-debug.yaml"),
-        *TINY,
-        "--out_dir",
-        str(out_dir),
-        "--logger.name",
-        "csv",
-        *overrides,
-    ]
+    return ["--config", str(RECIPES / "cpu-debug.yaml"), *run_overrides(out_dir, *overrides)]
 
 
 def train_args(out_dir: Path, *overrides: str) -> list[str]:
     """`train` arguments of the command line: `recipe_args` after the subcommand."""
     return ["train", *recipe_args(out_dir, *overrides)]
+
+
+# Runs the command line with the named modules unimportable, as on a machine without them.
+WITHOUT_MODULES = f"""
+import sys
+for name in sys.argv[1].split(","):
+    sys.modules[name] = None  # any import of it now raises ImportError
+sys.argv = ["{PACKAGE}", *sys.argv[2:]]
+from {PACKAGE}.cli import main
+main()
+"""
+
+
+def run_cli_without(modules: tuple[str, ...], *args: str) -> subprocess.CompletedProcess:
+    """Run the command line where `modules` (torch, submitit, ...) cannot be imported; capture its output."""
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_MODULES, ",".join(modules), *args],
+        cwd=PROJECT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
 
 
 def fail_with(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -160,6 +178,12 @@ def final_weights(out_dir: Path, max_steps: int) -> dict[str, torch.Tensor]:
     latest = find_latest(out_dir / "checkpoints")
     assert latest is not None and latest.name == f"step-{max_steps:08d}"
     return consolidate(latest, out_dir / "weights.pt")
+
+
+def assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """The same tensors, bitwise."""
+    assert actual.keys() == expected.keys()
+    assert all(torch.equal(actual[name], expected[name]) for name in expected)
 
 
 def executable(path: Path, text: str) -> None:

@@ -124,6 +124,18 @@ def test_slurm_command_refuses_a_time_limit_slurm_would_not_read(time: str, caps
     )
 
 
+@pytest.mark.parametrize("time", ["2", "1:30", "0-00:02:00"])
+def test_slurm_command_refuses_a_time_limit_that_leaves_no_time_to_train(
+    time: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["slurm", "cpu-debug", "--time", time])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith(
+        f"error: --time={time} leaves no time to train: the job is signalled 120 s before its time limit"
+    )
+
+
 def test_the_sbatch_script_names_the_recipe_relative_to_the_submit_folder_and_activates_the_environment(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

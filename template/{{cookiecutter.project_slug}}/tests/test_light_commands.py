@@ -1,33 +1,21 @@
-"""Commands that only read recipes start without torch: `--help`, `recipes list` and `plan` run with torch
-made unimportable, and `plan`'s parameter count (computed without torch) is the built model's."""
+"""Commands that only read recipes start without torch: `--help`, `recipes list`, `plan` and `submit --help` run
+with torch made unimportable, and `plan`'s parameter count (computed without torch) is the built model's."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from helpers import PACKAGE, PROJECT, cli_env
+from helpers import run_cli_without
 
 from {{ cookiecutter.package_name }}.models import count_parameters
 from {{ cookiecutter.package_name }}.recipe.schema import ModelConfig
 from {{ cookiecutter.package_name }}.sizing import model_parameters
 
-# Runs the command line with `import torch` failing, as on a machine without it.
-WITHOUT_TORCH = f"""
-import sys
-sys.modules["torch"] = None
-sys.argv = ["{PACKAGE}", *sys.argv[1:]]
-from {PACKAGE}.cli import main
-main()
-"""
 
-
-@pytest.mark.parametrize("command", [["--help"], ["recipes", "list"], ["plan", "cpu-debug"]])
+@pytest.mark.parametrize(
+    "command", [["--help"], ["recipes", "list"], ["plan", "cpu-debug"], ["submit", "--help"]], ids=" ".join
+)
 def test_command_runs_without_torch(command: list[str]) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", WITHOUT_TORCH, *command], cwd=PROJECT, env=cli_env(), capture_output=True, text=True
-    )
+    result = run_cli_without(("torch",), *command)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip(), result.stderr[-3000:]
 

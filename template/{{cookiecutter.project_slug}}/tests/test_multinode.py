@@ -19,6 +19,7 @@ import torch
 from helpers import (
     PACKAGE,
     PROJECT,
+    assert_same_weights,
     cli_env,
     executable,
     final_weights,
@@ -108,11 +109,6 @@ def two_nodes(launcher: str, out_dir: Path, *extra: str, **env: str) -> list[tup
 def train(out_dir: Path, *extra: str, **env: str) -> tuple[int, str, str]:
     """`<project> train` (Fabric starts the processes) with the shared recipe."""
     return finish(start([sys.executable, "-m", PACKAGE, "train", *recipe_args(out_dir, *SHARED, *extra)], **env))
-
-
-def assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
-    assert actual.keys() == expected.keys()
-    assert all(torch.equal(actual[name], expected[name]) for name in expected)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import torch
 from helpers import RECIPES, executable
 
 from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError
-from {{ cookiecutter.package_name }}.preemption import Preemption
+from {{ cookiecutter.package_name }}.preemption import SIGNALS, Preemption
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 from {{ cookiecutter.package_name }}.step_decision import StepDecision, Update, decide, nonfinite_loss_stop
 
@@ -33,7 +33,7 @@ class OneProcess(SimpleNamespace):
 
 @pytest.fixture
 def restore_signal_handlers() -> None:
-    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGUSR1, signal.SIGTERM)}
+    saved = {signum: signal.getsignal(signum) for signum in SIGNALS}
     yield
     for signum, handler in saved.items():
         signal.signal(signum, handler)
@@ -67,6 +67,27 @@ def test_outside_slurm_a_signal_stops_without_requeueing(monkeypatch: pytest.Mon
     os.kill(os.getpid(), signal.SIGTERM)
     assert decide(OneProcess(), torch.tensor(1.0), "stop", preemption.received, False).preempted
     assert "not a SLURM job, so nothing is requeued" in str(preemption.requeue(3, signal.SIGTERM, rank=0))
+
+
+@pytest.mark.usefixtures("restore_signal_handlers")
+def test_in_a_submitit_job_submitits_signal_stops_the_run_and_submitit_not_scontrol_requeues_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    executable(tmp_path / "scontrol", f'#!/bin/sh\necho "$@" >> {tmp_path / "calls.txt"}\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "99")
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    preemption = Preemption()
+    os.kill(os.getpid(), signal.SIGUSR2)  # submitit's signal: a flag too, not submitit's own checkpoint-and-exit
+    decision = decide(OneProcess(), torch.tensor(1.0), "stop", preemption.received, False)
+    assert decision.stop_signal == signal.SIGUSR2
+    stopped = preemption.requeue(step=7, agreed_signal=decision.stop_signal, rank=0)
+    assert (stopped.exit_code, stopped.signal) == (ExitCode.REQUEUE, signal.SIGUSR2)
+    assert (
+        str(stopped)
+        == "preempted by SIGUSR2 at step 7, checkpoint saved; submitit requeues the job, it resumes from this checkpoint"
+    )
+    assert not (tmp_path / "calls.txt").exists()
 
 
 def test_the_step_decision_stops_or_skips_on_nan_and_inf_and_passes_finite_losses() -> None:

@@ -1,7 +1,7 @@
 """Command line: `train`, `recipes list|show|copy|validate`, `plan`, `checkpoint list|inspect|consolidate`, `slurm`,
-`prepare`, `sample`, `export`.
+`submit`, `prepare`, `sample`, `export`.
 
-Parse and dispatch only (the commands live in train.py, commands.py and recipe/library.py). Every user
+Parse and dispatch only (the commands live in train.py, commands.py, submit.py and recipe/library.py). Every user
 error ends in one line on stderr naming what is wrong and what is allowed, exit code 2 (errors.py).
 """
 
@@ -61,14 +61,16 @@ def build_parser() -> ArgumentParser:
 
     commands.add_subcommand("plan", plan_parser(PROG), help="Which strategy for a model on a cluster.")
 
+    from {{ cookiecutter.package_name }}.slurm import add_job_options
+    from {{ cookiecutter.package_name }}.submit import submit_parser
+
     slurm = ArgumentParser(exit_on_error=False, description="Print an sbatch script for a recipe (nodes, tasks, GPUs).")
     slurm.add_argument("recipe", help="Recipe name or path.")
-    slurm.add_argument("--time", default="24:00:00", help="Time limit (HH:MM:SS or D-HH:MM:SS).")
-    slurm.add_argument("--partition", default=None, help="SLURM partition.")
-    slurm.add_argument("--account", default=None, help="SLURM account.")
-    slurm.add_argument("--job_name", default=PROG, help="Job name.")
-    slurm.add_argument("--cpus_per_task", type=int, default=8, help="CPU cores per task (data loading, threads).")
+    add_job_options(slurm, job_name=PROG)
     commands.add_subcommand("slurm", slurm, help=f"Write an sbatch script: {PROG} slurm RECIPE > job.sbatch.")
+    commands.add_subcommand(
+        "submit", submit_parser(PROG), help="Submit training to SLURM (or run it here) with submitit."
+    )
 
     preparer = ArgumentParser(exit_on_error=False, description="Tokenize .txt/.jsonl/.parquet files into token shards.")
     preparer.add_argument("inputs", nargs="+", help="Folders, files or globs of .txt, .jsonl and .parquet files.")
@@ -111,6 +113,11 @@ def dispatch(argv: list[str]) -> None:
         from {{ cookiecutter.package_name }}.commands import print_plan
 
         print_plan(argv[1:], PROG)
+        return
+    if argv[:1] == ["submit"]:  # likewise
+        from {{ cookiecutter.package_name }}.submit import submit
+
+        submit(argv[1:], PROG)
         return
     if argv in ([], ["recipes"], ["checkpoint"]):  # a command without its subcommand: show the choices
         with contextlib.suppress(SystemExit):

@@ -8,7 +8,6 @@ Modules that import torch are imported inside the functions that need them, so l
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -153,23 +152,6 @@ PLAN_DEFAULTS = [
 PLAN_FLAGS = ("--parameters", "--gpu", "--gpu_memory_gib", "--interconnect", "--margin", "--host_memory_gib", "--write")
 
 
-def split_plan_arguments(argv: list[str]) -> tuple[str | None, list[str], list[str]]:
-    """(recipe or None, plan's own options, recipe overrides) of `plan [RECIPE] [options] [overrides]`."""
-    name = argv[0] if argv and not argv[0].startswith("-") else None
-    own: list[str] = []
-    overrides: list[str] = []
-    rest = argv[1:] if name else argv
-    while rest:
-        token, rest = rest[0], rest[1:]
-        if token.split("=")[0] in PLAN_FLAGS and "=" not in token and rest:
-            own, rest = [*own, token, rest[0]], rest[1:]
-        elif token.split("=")[0] in (*PLAN_FLAGS, "--json", "-h", "--help"):
-            own.append(token)
-        else:
-            overrides.append(token)
-    return name, own, overrides
-
-
 def plan_device(options: Any, recipe: Recipe) -> Device:
     """The device the plan assumes: a row of the hardware table (or a CPU process), its memory overridable."""
     from {{ cookiecutter.package_name }}.hardware import GPUS, PCIE_PEER_GB_S, gpu_model, precision_column
@@ -202,10 +184,10 @@ def print_plan(argv: list[str], prog: str) -> None:
     from {{ cookiecutter.package_name }}.hardware import INTERCONNECTS
     from {{ cookiecutter.package_name }}.plan import plan, plan_inputs
     from {{ cookiecutter.package_name }}.plan_report import library_recipe, reference_model, render, to_json, written_recipe
-    from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, recipe_parser
+    from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, recipe_parser, split_command_line
     from {{ cookiecutter.package_name }}.sizing import model_parameters
 
-    name, own, overrides = split_plan_arguments(argv)
+    name, own, overrides = split_command_line(argv, PLAN_FLAGS, ("--json",))
     try:
         options = plan_parser(prog).parse_args([*own] + ([name] if name else []))
     except Exception as error:  # jsonargparse's ArgumentError spans lines; keep the first
@@ -247,16 +229,11 @@ def print_plan(argv: list[str], prog: str) -> None:
 
 def print_sbatch(args: Any) -> None:
     """Print the sbatch script for a recipe; its counts come from the recipe."""
-    from {{ cookiecutter.package_name }}.slurm import sbatch_script
+    from {{ cookiecutter.package_name }}.slurm import check_job_options, sbatch_script
 
     path = find_recipe(args.recipe)
     recipe = load_recipe(path)
-    if args.cpus_per_task < 1:
-        raise RecipeError(f"--cpus_per_task={args.cpus_per_task} must be >= 1")
-    if not re.fullmatch(r"\d+(-\d+)?(:\d+){0,2}", args.time):
-        raise RecipeError(
-            f"--time={args.time!r} is not a SLURM time limit (MINUTES, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)"
-        )
+    check_job_options(args.time, args.cpus_per_task)
     # Relative to the folder sbatch is run from (the job starts there), so the script works on any clone.
     relative = os.path.relpath(path.resolve())
     recipe_path = str(path.resolve()) if relative.startswith("..") else relative

@@ -15,6 +15,7 @@ class ExitCode(IntEnum):
     """Exit codes of every command; launchers and scripts/slurm/train.sbatch act on them."""
 
     OK = 0
+    JOB_FAILED = 1  # `submit --wait`: the job failed or ended unfinished; its log says why
     USAGE = 2  # a recipe, flag, path or checkpoint that cannot run: one line on stderr, nothing written
     NONFINITE_LOSS = 3  # train.on_nonfinite_loss=stop: the loss was NaN or infinite on some rank
     REQUEUE = 75  # EX_TEMPFAIL from sysexits.h: preempted, checkpoint saved, run again (SLURM requeue)
@@ -25,7 +26,7 @@ class RecipeError(ValueError):
 
 
 class TrainingStopped(Exception):
-    """Training stopped before max_steps on purpose (preempted, or a non-finite loss); the message is one line.
+    """Training stopped before max_steps: preempted, a non-finite loss, or a submitted job failed; one-line message.
 
     `report` is true on the one process that prints it (rank 0); every rank stops for the same reason.
     """

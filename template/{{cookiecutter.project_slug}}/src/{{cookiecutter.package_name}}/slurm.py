@@ -3,18 +3,65 @@
 scripts/slurm/train.sbatch is the same script with the recipe as an argument. Both ask SLURM for
 SIGUSR1 120 s before the time limit; the training processes then save, requeue the job and exit
 with ExitCode.REQUEUE (preemption.py), which the script reports as a requeue, not a failure.
+The job options and their checks are shared with `<project> submit` (submit.py).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 
-from {{ cookiecutter.package_name }}.errors import ExitCode
+from jsonargparse import ArgumentParser
+
+from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError
 from {{ cookiecutter.package_name }}.recipe.checks import needs_gpu
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 
 SIGNAL_SECONDS_BEFORE_LIMIT = 120
 PACKAGE = "{{ cookiecutter.package_name }}"
+# SLURM's time formats: MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS, DAYS-HOURS:MINUTES, DAYS-HOURS:MINUTES:SECONDS.
+TIME_LIMIT = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def add_job_options(parser: ArgumentParser, job_name: str) -> None:
+    """The options of a SLURM job that `slurm` and `submit` share: time limit, partition, account, name, cores."""
+    parser.add_argument("--time", default="24:00:00", help="Time limit (HH:MM:SS or D-HH:MM:SS).")
+    parser.add_argument("--partition", default=None, help="SLURM partition.")
+    parser.add_argument("--account", default=None, help="SLURM account.")
+    parser.add_argument("--job_name", default=job_name, help="Job name.")
+    parser.add_argument("--cpus_per_task", type=int, default=8, help="CPU cores per task (data loading, threads).")
+
+
+def time_limit_seconds(time: str) -> int:
+    """A SLURM time limit in seconds; refuses one SLURM would not read, or one that leaves no time to save."""
+    match = TIME_LIMIT.fullmatch(time)
+    if match is None:
+        raise RecipeError(f"--time={time!r} is not a SLURM time limit (MINUTES, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)")
+    days, first, second, third = (int(part) if part else 0 for part in match.groups())
+    if match.group(1):  # D-HH[:MM[:SS]]
+        seconds = ((days * 24 + first) * 60 + second) * 60 + third
+    elif match.group(4):  # HH:MM:SS
+        seconds = (first * 60 + second) * 60 + third
+    else:  # MINUTES[:SECONDS]
+        seconds = first * 60 + second
+    if seconds <= SIGNAL_SECONDS_BEFORE_LIMIT:
+        raise RecipeError(
+            f"--time={time} leaves no time to train: the job is signalled {SIGNAL_SECONDS_BEFORE_LIMIT} s before"
+            " its time limit to save (ask for more, e.g. --time 1:00:00)"
+        )
+    return seconds
+
+
+def check_job_options(time: str, cpus_per_task: int) -> int:
+    """Refuse job options SLURM would not take; the time limit in seconds."""
+    if cpus_per_task < 1:
+        raise RecipeError(f"--cpus_per_task={cpus_per_task} must be >= 1")
+    return time_limit_seconds(time)
+
+
+def gpus_per_node(recipe: Recipe) -> int:
+    """GPUs a node of the job asks for: one per task, unless the recipe runs on CPUs."""
+    return recipe.devices if recipe.accelerator != "cpu" or needs_gpu(recipe) else 0
 
 
 def sbatch_script(
@@ -28,8 +75,8 @@ def sbatch_script(
 ) -> str:
     """An sbatch script that trains `recipe_path` with one task per device on `recipe.num_nodes` nodes."""
     options = [f"--job-name={job_name}", f"--nodes={recipe.num_nodes}", f"--ntasks-per-node={recipe.devices}"]
-    if recipe.accelerator != "cpu" or needs_gpu(recipe):
-        options.append(f"--gpus-per-node={recipe.devices}")
+    if gpus_per_node(recipe):
+        options.append(f"--gpus-per-node={gpus_per_node(recipe)}")
     options += [f"--cpus-per-task={cpus_per_task}", f"--time={time}"]
     options += [f"--partition={partition}"] * bool(partition) + [f"--account={account}"] * bool(account)
     options += [

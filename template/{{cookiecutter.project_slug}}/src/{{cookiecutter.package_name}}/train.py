@@ -37,8 +37,14 @@ from {{ cookiecutter.package_name }}.run import setup
 from {{ cookiecutter.package_name }}.step_decision import Update, decide, nonfinite_loss_stop
 
 
-def train(recipe: Recipe) -> None:
-    """Train the model the recipe describes; resumes when the recipe says so."""
+def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
+    """Train the model the recipe describes; resumes when the recipe says so.
+
+    `preemption`: the stop-signal catcher, when the caller installed it earlier (submit.py); else one from here on.
+    """
+    # SIGUSR1/SIGUSR2/SIGTERM: save at the next step boundary, requeue, exit. Caught before the set-up, so that
+    # a signal during it (loading a checkpoint can take minutes) stops the run at its first step.
+    preemption = preemption or Preemption()
     run = setup(recipe)  # refuses a bad recipe, path or checkpoint before any process starts
     fabric, strategy, model, optimizer, state = run.fabric, run.strategy, run.model, run.optimizer, run.state
     log_config(fabric.loggers, recipe)
@@ -49,7 +55,6 @@ def train(recipe: Recipe) -> None:
         fabric, recipe, training_flops_per_token(recipe.model), state["step"], run.batches.global_batch_size
     )
     checkpointer = Checkpointer(fabric, recipe)
-    preemption = Preemption()  # SIGUSR1/SIGTERM: save at the next step boundary, requeue, exit
     decision = None
     model.train()
     while state["step"] < max_steps:

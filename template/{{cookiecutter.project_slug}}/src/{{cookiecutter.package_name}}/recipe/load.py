@@ -53,6 +53,29 @@ def parse_recipe(argv: list[str], parser: ArgumentParser | None = None) -> Recip
     return recipe
 
 
+def split_command_line(
+    argv: list[str], value_options: tuple[str, ...], switches: tuple[str, ...] = ()
+) -> tuple[str | None, list[str], list[str]]:
+    """(recipe or None, the command's own options, recipe overrides) of `COMMAND [RECIPE] [options] [overrides]`.
+
+    `plan` and `submit` take every recipe field as an override besides their own options; an option of
+    `value_options` takes the next word as its value (or `--option=value`), a switch takes none.
+    """
+    name = argv[0] if argv and not argv[0].startswith("-") else None
+    own: list[str] = []
+    overrides: list[str] = []
+    rest = argv[1:] if name else argv
+    while rest:
+        token, rest = rest[0], rest[1:]
+        if token.split("=")[0] in value_options and "=" not in token and rest:
+            own, rest = [*own, token, rest[0]], rest[1:]
+        elif token.split("=")[0] in (*value_options, *switches, "-h", "--help"):
+            own.append(token)
+        else:
+            overrides.append(token)
+    return name, own, overrides
+
+
 def load_recipe(path: str | Path) -> Recipe:
     """Parse and check one recipe file."""
     return parse_recipe(["--config", str(path)])
