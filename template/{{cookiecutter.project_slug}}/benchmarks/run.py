@@ -144,7 +144,7 @@ def state_figure(quick: bool) -> dict[str, Any]:
 
 def checkpoint_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any]]:
     """Sync save against the disk and a memory copy; async save's blocked time; load."""
-    # 76 M parameters (872 MiB of FSDP2 state): large enough that a save's per-save fixed work (~8 ms here) does
+    # 76 M parameters (872 MiB of FSDP2 state): large enough that a save's per-save fixed work (8-14 ms here) does
     # not stand in for its copy; with 4 x 512 (148 MiB) the async figure was 1.7-2.0x a memory copy.
     size = ["--n_layer", "1", "--n_embd", "64"] if quick else ["--n_layer", "6", "--n_embd", "1024"]
     result = run_worker("checkpoint_io.py", *size, "--repeats", str(repeats), threads=1)
