@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import Fsdp2Options
-from {{ cookiecutter.package_name }}.sizing import torch_model_states
+from {{ cookiecutter.package_name }}.sizing import MIXED, torch_model_states
 from {{ cookiecutter.package_name }}.strategies.base import (
     GpuRequirement,
     MakeOptimizer,
@@ -112,6 +112,7 @@ class FSDP2(TrainingStrategy):
                 " splitting each layer over {tensor_parallel} {device_plural} does",
                 comm_vs_ddp=1.5,
                 tensor_parallel=size,
+                sixteen_bit_module=True,
             )
             for size in (2, 4, 8)
         ]
@@ -121,15 +122,19 @@ class FSDP2(TrainingStrategy):
             recipes=("cpu-debug", "fsdp2-node", "fsdp2-multinode"),
             why=f"the parameters must be sharded too (1.5x ddp's communication); {self.name} is the default for that",
             comm_vs_ddp=1.5,
+            sixteen_bit_module=True,
         )
         return [sharded, *tensor_parallel]
 
     def plan_runtime_terms(self, option: PlanOption, sizes: PlanSizes) -> list[PlanTerm]:
-        # Under bf16-mixed the parameters stay fp32 (autocast, no MixedPrecisionPolicy), so a gathered layer is fp32.
-        weight = torch_model_states(1, sizes.precision, 0, 1).parameters
+        # Under bf16-mixed the sharded parameters stay fp32 and fully_shard's MixedPrecisionPolicy gathers them in
+        # bf16; a layer's bf16 gradient is cast to fp32 for the reduce-scatter (reduce_dtype), so both are held.
+        sixteen_bit = sizes.precision in MIXED
+        weight = 2 if sixteen_bit else torch_model_states(1, sizes.precision, 0, 1).parameters
+        gradient = 2 + 4 if sixteen_bit else weight
         return [
             PlanTerm("gathered layer, current and prefetched", 2 * weight * sizes.layer),
-            PlanTerm("its unsharded gradient", weight * sizes.layer),
+            PlanTerm("its unsharded gradient", gradient * sizes.layer),
             PlanTerm(
                 "root (embeddings, head) gathered for the step", weight * sizes.root * (1 - 1 / sizes.data_parallel)
             ),
@@ -143,7 +148,11 @@ class FSDP2(TrainingStrategy):
 
         return ModelParallel(
             parallelize_fn=partial(
-                parallelize, config=self.config, num_nodes=self.recipe.num_nodes, hybrid=self.hybrid
+                parallelize,
+                config=self.config,
+                precision=self.recipe.precision,
+                num_nodes=self.recipe.num_nodes,
+                hybrid=self.hybrid,
             ),
             data_parallel_size=self.data_parallel_size(),
             tensor_parallel_size=self.tensor_parallel_size,
@@ -172,5 +181,6 @@ class HSDP(FSDP2):
                 why="sharding inside a node is enough, so only 1/{devices} of the gradients crosses the links between nodes",
                 comm_vs_ddp=1.5,
                 hybrid=True,
+                sixteen_bit_module=True,
             )
         ]
