@@ -250,10 +250,14 @@ def communication(
     compute = flops * (4 / 3 if checkpointing else 1) / (inputs.gpu.peak_tflops * 1e12)
     intra = inputs.gpu.intra_node_gb_s * GB
     across = min(intra, inputs.inter_node_gb_s * GB / inputs.devices) if inputs.num_nodes > 1 else intra
-    if option.hybrid:  # the replicas all-reduce their shard across nodes once per step
-        network = data * collective_bytes / intra + across_nodes * collective_bytes / across
+    gradient_bytes = 4 if sixteen_bit and option.fp32_gradient_reduce else collective_bytes
+    data_bytes: float = collective_bytes
+    if option.stage == 3:  # per micro-batch two all-gathers of the parameters and one reduce-scatter of gradients
+        data_bytes = (2 * collective_bytes + gradient_bytes) / 3
+    if option.hybrid:  # the replicas all-reduce their gradient shard across nodes once per step
+        network = data * data_bytes / intra + across_nodes * gradient_bytes / across
     else:
-        network = data * collective_bytes / across if data_parallel > 1 else 0.0
+        network = data * data_bytes / across if data_parallel > 1 else 0.0
     host = 0.0
     micro_batches = inputs.grad_accum * t
     if option.offload == "cpu":  # parameters in twice per micro-batch (forward, backward), gradients out

@@ -55,6 +55,7 @@ class PlanOption:
     hybrid: bool = False  # sharded inside a node, replicated across nodes (needs num_nodes >= 2)
     runs_on_cpu: bool = True
     sixteen_bit_module: bool = False  # mixed precision runs a 16-bit copy of the module: activations, collectives
+    fp32_gradient_reduce: bool = False  # a 16-bit module whose gradients are still reduced in fp32 (fully_shard's)
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,7 @@ class FSDP2(TrainingStrategy):
                 comm_vs_ddp=1.5,
                 tensor_parallel=size,
                 sixteen_bit_module=True,
+                fp32_gradient_reduce=True,
             )
             for size in (2, 4, 8)
         ]
@@ -123,6 +124,7 @@ class FSDP2(TrainingStrategy):
             why=f"the parameters must be sharded too (1.5x ddp's communication); {self.name} is the default for that",
             comm_vs_ddp=1.5,
             sixteen_bit_module=True,
+            fp32_gradient_reduce=True,
         )
         return [sharded, *tensor_parallel]
 
@@ -182,5 +184,6 @@ class HSDP(FSDP2):
                 comm_vs_ddp=1.5,
                 hybrid=True,
                 sixteen_bit_module=True,
+                fp32_gradient_reduce=True,
             )
         ]
