@@ -195,3 +195,21 @@ def test_impossible_settings_are_refused_in_one_line(
     err = capsys.readouterr().err.strip()
     assert exited.value.code == 2
     assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1
+
+
+def test_under_bf16_mixed_fsdp2_is_a_16_bit_module_whose_gradients_are_reduced_in_fp32(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 7 B on 4 nodes of 8 H100: the sharded strategies' step is bound by the links between nodes, not compute.
+    layout = ["--parameters", "7e9", "--gpu", "H100", "--num_nodes", "4"]
+    options = {option["strategy"]: option for option in plan_json(capsys, *layout)["options"]}
+    fsdp2, zero3 = options["fsdp2"], options["zero3"]
+    # Both gather bf16 weights and hold bf16 activations (fully_shard's MixedPrecisionPolicy; DeepSpeed's bf16 module).
+    assert fsdp2["activation_bytes_without_checkpointing"] == zero3["activation_bytes_without_checkpointing"]
+    assert fsdp2["activation_bytes_without_checkpointing"] < options["ddp"]["activation_bytes_without_checkpointing"]
+    # The same volume; fsdp2 moves its reduce-scatter in fp32: (2 + 2 + 4) / (2 + 2 + 2) bytes per element.
+    assert fsdp2["comm_volume_vs_ddp"] == zero3["comm_volume_vs_ddp"]
+    assert fsdp2["step_time_lower_bound_s"] == pytest.approx(zero3["step_time_lower_bound_s"] * 8 / 6)
+    # In fp32 every collective moves 4 bytes for both.
+    options = {option["strategy"]: option for option in plan_json(capsys, *layout, "--precision", "32-true")["options"]}
+    assert options["fsdp2"]["step_time_lower_bound_s"] == pytest.approx(options["zero3"]["step_time_lower_bound_s"])
