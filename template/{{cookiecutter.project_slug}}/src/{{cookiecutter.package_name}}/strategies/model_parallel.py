@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 SHARDED_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-true")
 FLOAT8_CAPABILITY = (8, 9)  # Ada (L4, L40) and Hopper (H100, H200) and newer have float8 tensor cores
+# Under bf16-mixed fully_shard's MixedPrecisionPolicy (fully_shard.mixed_precision_policy) makes the module
+# 16-bit (activations, all-gathers) and reduces gradients in fp32: how plan counts every fsdp2/hsdp option.
+BF16_POLICY: dict[str, Any] = dict(sixteen_bit_module=True, fp32_gradient_reduce=True)
 
 
 class FSDP2(TrainingStrategy):
@@ -112,8 +115,7 @@ class FSDP2(TrainingStrategy):
                 " splitting each layer over {tensor_parallel} {device_plural} does",
                 comm_vs_ddp=1.5,
                 tensor_parallel=size,
-                sixteen_bit_module=True,
-                fp32_gradient_reduce=True,
+                **BF16_POLICY,
             )
             for size in (2, 4, 8)
         ]
@@ -123,8 +125,7 @@ class FSDP2(TrainingStrategy):
             recipes=("cpu-debug", "fsdp2-node", "fsdp2-multinode"),
             why=f"the parameters must be sharded too (1.5x ddp's communication); {self.name} is the default for that",
             comm_vs_ddp=1.5,
-            sixteen_bit_module=True,
-            fp32_gradient_reduce=True,
+            **BF16_POLICY,
         )
         return [sharded, *tensor_parallel]
 
@@ -183,7 +184,6 @@ class HSDP(FSDP2):
                 why="sharding inside a node is enough, so only 1/{devices} of the gradients crosses the links between nodes",
                 comm_vs_ddp=1.5,
                 hybrid=True,
-                sixteen_bit_module=True,
-                fp32_gradient_reduce=True,
+                **BF16_POLICY,
             )
         ]
