@@ -39,13 +39,18 @@ def restore_signal_handlers() -> None:
         signal.signal(signum, handler)
 
 
-@pytest.mark.usefixtures("restore_signal_handlers")
-def test_a_signal_only_sets_a_flag_and_rank_zero_requeues_the_slurm_job(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    executable(tmp_path / "scontrol", f'#!/bin/sh\necho "$@" >> {tmp_path / "calls.txt"}\n')
+@pytest.fixture
+def scontrol_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """SLURM job 99 with an `scontrol` stub on PATH; the file its calls are recorded in."""
+    calls = tmp_path / "calls.txt"
+    executable(tmp_path / "scontrol", f'#!/bin/sh\necho "$@" >> {calls}\n')
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_ID", "99")
+    return calls
+
+
+@pytest.mark.usefixtures("restore_signal_handlers")
+def test_a_signal_only_sets_a_flag_and_rank_zero_requeues_the_slurm_job(scontrol_calls: Path) -> None:
     preemption = Preemption()
     assert not decide(OneProcess(), torch.tensor(1.0), "stop", preemption.received, False).preempted
     os.kill(os.getpid(), signal.SIGUSR1)  # the process survives: the handler only records it
@@ -57,7 +62,7 @@ def test_a_signal_only_sets_a_flag_and_rank_zero_requeues_the_slurm_job(
         str(stopped)
         == "preempted by SIGUSR1 at step 12, checkpoint saved; requeued SLURM job 99, it resumes from this checkpoint"
     )
-    assert (tmp_path / "calls.txt").read_text() == "requeue 99\n"
+    assert scontrol_calls.read_text() == "requeue 99\n"
 
 
 @pytest.mark.usefixtures("restore_signal_handlers")
@@ -71,11 +76,8 @@ def test_outside_slurm_a_signal_stops_without_requeueing(monkeypatch: pytest.Mon
 
 @pytest.mark.usefixtures("restore_signal_handlers")
 def test_in_a_submitit_job_submitits_signal_stops_the_run_and_submitit_not_scontrol_requeues_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    scontrol_calls: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    executable(tmp_path / "scontrol", f'#!/bin/sh\necho "$@" >> {tmp_path / "calls.txt"}\n')
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("SLURM_JOB_ID", "99")
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
     preemption = Preemption()
     os.kill(os.getpid(), signal.SIGUSR2)  # submitit's signal: a flag too, not submitit's own checkpoint-and-exit
@@ -87,7 +89,7 @@ def test_in_a_submitit_job_submitits_signal_stops_the_run_and_submitit_not_scont
         str(stopped)
         == "preempted by SIGUSR2 at step 7, checkpoint saved; submitit requeues the job, it resumes from this checkpoint"
     )
-    assert not (tmp_path / "calls.txt").exists()
+    assert not scontrol_calls.exists()
 
 
 def test_the_step_decision_stops_or_skips_on_nan_and_inf_and_passes_finite_losses() -> None:
