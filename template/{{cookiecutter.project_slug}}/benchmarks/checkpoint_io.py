@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from {{ cookiecutter.package_name }}.checkpoint import Checkpointer, load_checkpoint
+from {{ cookiecutter.package_name }}.checkpoint.io import Checkpointer, load_checkpoint
 from {{ cookiecutter.package_name }}.errors import exit_process
-from {{ cookiecutter.package_name }}.models import count_parameters
 from {{ cookiecutter.package_name }}.recipe.load import load_recipe
-from {{ cookiecutter.package_name }}.run import setup
+from {{ cookiecutter.package_name }}.tasks.language_model.families import count_parameters
+from {{ cookiecutter.package_name }}.training.run import setup
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "cpu-debug.yaml"
 

@@ -96,7 +96,7 @@ def run_folder() -> Iterator[str]:
 
 def project_loop(args: argparse.Namespace, compile_blocks: bool) -> tuple[float, float]:
     """(wall, CPU) seconds per step of `train.train` (the project's loop) on the benchmark's recipe."""
-    from {{ cookiecutter.package_name }}.train import train
+    from {{ cookiecutter.package_name }}.training.loop import train
 
     with run_folder() as out_dir, step_clock(WARMUP_STEPS) as timing:
         train(recipe_for(args, compile_blocks, out_dir))
@@ -108,8 +108,8 @@ def handwritten_loop(args: argparse.Namespace, compile_blocks: bool) -> tuple[fl
     import torch
     import torch.nn.functional as F
 
-    from {{ cookiecutter.package_name }}.models.gpt import GPT
-    from {{ cookiecutter.package_name }}.optim import build_optimizer, build_scheduler
+    from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt import GPT
+    from {{ cookiecutter.package_name }}.training.optim import build_optimizer, build_scheduler
 
     recipe = recipe_for(args, compile_blocks, tempfile.gettempdir())
     config, train_config = recipe.model, recipe.train
@@ -202,7 +202,7 @@ class HostSyncCounter:
 
 def count_host_syncs(args: argparse.Namespace) -> list[int]:
     """Host syncs per step of the project's loop (steps that log nothing), eager."""
-    from {{ cookiecutter.package_name }}.train import train
+    from {{ cookiecutter.package_name }}.training.loop import train
 
     counter = HostSyncCounter()
     counted = argparse.Namespace(**{**vars(args), "steps": 2 * args.log_every_steps + 2})  # a count: a short run

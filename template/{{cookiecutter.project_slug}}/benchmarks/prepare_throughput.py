@@ -25,10 +25,11 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from {{ cookiecutter.package_name }}.data import TrainBatches
-from {{ cookiecutter.package_name }}.data.prepare import prepare
 from {{ cookiecutter.package_name }}.data.prepared import open_prepared
-from {{ cookiecutter.package_name }}.data.tokenizer import train_byte_level_bpe
+from {{ cookiecutter.package_name }}.data.sampler import TrainBatches
+from {{ cookiecutter.package_name }}.tasks.language_model.data.prepare import prepare
+from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import train_byte_level_bpe
+from {{ cookiecutter.package_name }}.tasks.language_model.data.windows import TokenWindows
 
 
 def make_documents(megabytes: float, seed: int = 0) -> list[str]:
@@ -112,8 +113,9 @@ def main() -> None:
 
         out = folder / f"out-{args.workers[-1]}-{args.rounds - 1}"
         shards, _ = open_prepared(out)
-        batches = TrainBatches(shards, args.block_size, args.micro_batch_size, args.grad_accum_steps, 0, 1, seed=0)
-        steps = max(1, min(200, batches.num_windows // (args.micro_batch_size * args.grad_accum_steps)))
+        windows = TokenWindows(shards, args.block_size)
+        batches = TrainBatches(windows, args.micro_batch_size, args.grad_accum_steps, 0, 1, seed=0)
+        steps = max(1, min(200, batches.num_samples // (args.micro_batch_size * args.grad_accum_steps)))
         started = time.perf_counter()
         for _ in range(steps):
             batches.next_step()

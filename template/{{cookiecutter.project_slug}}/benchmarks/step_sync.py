@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from {{ cookiecutter.package_name }}.errors import exit_process
 from {{ cookiecutter.package_name }}.recipe.load import load_recipe
-from {{ cookiecutter.package_name }}.run import setup
-from {{ cookiecutter.package_name }}.step_decision import Update, decide
+from {{ cookiecutter.package_name }}.training.run import setup
+from {{ cookiecutter.package_name }}.training.step_decision import Update, decide
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "cpu-debug.yaml"
 

@@ -84,8 +84,8 @@ if [ "$PART" = all ] || [ "$PART" = largest ]; then
       if train "$name" 3 $(model_args "$layers") "${extra[@]}" --train.micro_batch_size 1 --train.grad_accum_steps 1 \
         --strategy.activation_checkpointing true --logger.log_every_steps 1; then
         largest="$layers blocks = $("$PYTHON" -c "
-from {{ cookiecutter.package_name }}.recipe.schema import ModelConfig
-from {{ cookiecutter.package_name }}.sizing import model_parameters
+from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.sizing import model_parameters
 print(f'{model_parameters(ModelConfig(vocab_size=50304, block_size=2048, n_layer=$layers, n_head=16, n_embd=2048)) / 1e9:.1f}B')
 ") parameters, peak $(metrics "$name" | cut -d' ' -f3) GiB"
       else

@@ -77,8 +77,8 @@ from pathlib import Path
 
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint import consolidate
-from {{ cookiecutter.package_name }}.checkpoint_layout import find_latest
+from {{ cookiecutter.package_name }}.checkpoint.io import consolidate
+from {{ cookiecutter.package_name }}.checkpoint.layout import find_latest
 
 work, steps, kills, in_save, back_to_back = Path(sys.argv[1]), *map(int, sys.argv[2:])
 weights = []

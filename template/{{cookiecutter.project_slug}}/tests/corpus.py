@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from {{ cookiecutter.package_name }}.data import make_demo_text
+from {{ cookiecutter.package_name }}.tasks.language_model.data import make_demo_text
 
 
 def write_corpus(folder: Path, lines_per_part: int = 100) -> list[str]:

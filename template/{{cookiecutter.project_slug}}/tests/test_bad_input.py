@@ -329,7 +329,7 @@ def test_bad_paths_and_state_are_refused_before_launch_and_leave_everything_as_i
 
 @pytest.mark.slow
 def test_an_older_complete_checkpoint_is_used_and_the_newer_damaged_one_named(tmp_path: Path) -> None:
-    from {{ cookiecutter.package_name }}.checkpoint_layout import resolve_resume
+    from {{ cookiecutter.package_name }}.checkpoint.layout import resolve_resume
     from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 
     older = fake_checkpoint(tmp_path / "run", 4, {})

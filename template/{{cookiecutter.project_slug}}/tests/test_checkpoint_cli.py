@@ -12,8 +12,8 @@ import yaml
 from helpers import read_csv_metrics, run_cli, train_args
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.models.gpt import GPT
-from {{ cookiecutter.package_name }}.recipe.schema import ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt import GPT
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,7 @@ def complete_checkpoint(root: Path, step: int) -> Path:
 def test_retention_never_leaves_a_half_deleted_folder_under_a_checkpoints_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from {{ cookiecutter.package_name }}.checkpoint_layout import list_checkpoints, remove_old_checkpoints, scan_checkpoints
+    from {{ cookiecutter.package_name }}.checkpoint.layout import list_checkpoints, remove_old_checkpoints, scan_checkpoints
 
     for step in (2, 4, 6):
         complete_checkpoint(tmp_path, step)

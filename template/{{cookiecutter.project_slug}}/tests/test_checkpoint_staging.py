@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint import HostCopy
+from {{ cookiecutter.package_name }}.checkpoint.io import HostCopy
 
 
 def live_state() -> dict:

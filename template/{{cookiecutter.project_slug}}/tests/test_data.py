@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.data import TrainBatches, load_tokens, make_demo_text, split_tokens, validation_batches
+from {{ cookiecutter.package_name }}.data.sampler import TrainBatches, validation_batches
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.schema import DataConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.config import DataConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.data import load_tokens, make_demo_text, split_tokens
+from {{ cookiecutter.package_name }}.tasks.language_model.data.windows import TokenWindows
 
 TOKENS = np.arange(10_000, dtype=np.int64) % 251
 
@@ -19,7 +21,12 @@ def stream(
     dp_rank: int = 0, dp_size: int = 1, accum: int = 1, micro: int = 4, tokens: np.ndarray = TOKENS
 ) -> TrainBatches:
     return TrainBatches(
-        tokens, block_size=16, micro_batch_size=micro, grad_accum_steps=accum, dp_rank=dp_rank, dp_size=dp_size, seed=7
+        TokenWindows(tokens, block_size=16),
+        micro_batch_size=micro,
+        grad_accum_steps=accum,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        seed=7,
     )
 
 
@@ -49,9 +56,9 @@ def test_resumed_stream_continues_the_same_sequence_across_epochs() -> None:
 
 def test_each_epoch_visits_every_window_once_in_a_new_order() -> None:
     batches = stream(micro=1)
-    first = [int(step_inputs(batches)[0][0, 0]) for _ in range(batches.num_windows)]
-    second = [int(step_inputs(batches)[0][0, 0]) for _ in range(batches.num_windows)]
-    assert sorted(first) == sorted(second) == sorted(int(TOKENS[i * 16]) for i in range(batches.num_windows))
+    first = [int(step_inputs(batches)[0][0, 0]) for _ in range(batches.num_samples)]
+    second = [int(step_inputs(batches)[0][0, 0]) for _ in range(batches.num_samples)]
+    assert sorted(first) == sorted(second) == sorted(int(TOKENS[i * 16]) for i in range(batches.num_samples))
     assert first != second
 
 
@@ -69,7 +76,7 @@ def test_two_ranks_together_see_what_one_process_with_accumulation_sees() -> Non
 
 def test_checkpoint_from_other_data_is_refused() -> None:
     saved = stream().state_dict()
-    with pytest.raises(RecipeError, match="training sequences"):
+    with pytest.raises(RecipeError, match="training samples"):
         stream(tokens=TOKENS[:5000]).load_state_dict(saved)
 
 
@@ -105,8 +112,8 @@ def test_missing_data_paths_name_the_field(tmp_path: Path) -> None:
 
 
 def test_validation_batches_are_disjoint_between_ranks() -> None:
-    first = validation_batches(TOKENS, 16, 4, 3, dp_rank=0, dp_size=2)
-    second = validation_batches(TOKENS, 16, 4, 3, dp_rank=1, dp_size=2)
+    first = validation_batches(TokenWindows(TOKENS, 16), 4, 3, dp_rank=0, dp_size=2)
+    second = validation_batches(TokenWindows(TOKENS, 16), 4, 3, dp_rank=1, dp_size=2)
     starts = {int(x[i, 0]) + 1000 * b for b, (x, _) in enumerate(first) for i in range(4)}
     assert len(first) == 3 and not any(torch.equal(a[0], b[0]) for a, b in zip(first, second, strict=False))
     assert len(starts) == 12

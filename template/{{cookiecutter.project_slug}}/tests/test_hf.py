@@ -15,12 +15,13 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.data.prepare import prepare
-from {{ cookiecutter.package_name }}.export import export_hf
-from {{ cookiecutter.package_name }}.hf import check_init_from, pretrained_tensors
-from {{ cookiecutter.package_name }}.models import build_model
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
-from {{ cookiecutter.package_name }}.recipe.schema import DataConfig, ModelConfig, Recipe
+from {{ cookiecutter.package_name }}.tasks.language_model.config import DataConfig, ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.config import LanguageModelRecipe as Recipe
+from {{ cookiecutter.package_name }}.tasks.language_model.data.prepare import prepare
+from {{ cookiecutter.package_name }}.tasks.language_model.export import export_hf
+from {{ cookiecutter.package_name }}.tasks.language_model.families import build_model
+from {{ cookiecutter.package_name }}.tasks.language_model.hf import check_init_from, pretrained_tensors
 
 transformers = pytest.importorskip("transformers")  # a test dependency (Python 3.11+)
 

@@ -13,10 +13,10 @@ import pytest
 from helpers import RECIPES, executable
 
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.cluster.launchers import check_launcher
+from {{ cookiecutter.package_name }}.cluster.slurm import run_lines, sbatch_script
 from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError
-from {{ cookiecutter.package_name }}.launchers import check_launcher
 from {{ cookiecutter.package_name }}.recipe.load import load_recipe, parse_recipe
-from {{ cookiecutter.package_name }}.slurm import run_lines, sbatch_script
 
 LAUNCHER_VARIABLES = ("LT_CLI_USED", "LT_DEVICES", "LT_NUM_NODES", "LT_ACCELERATOR", "LT_STRATEGY", "LT_PRECISION")
 LAUNCHER_VARIABLES += ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS", "SLURM_JOB_NAME")

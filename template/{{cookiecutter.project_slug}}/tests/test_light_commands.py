@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from helpers import run_cli_without
 
-from {{ cookiecutter.package_name }}.models import count_parameters
-from {{ cookiecutter.package_name }}.recipe.schema import ModelConfig
-from {{ cookiecutter.package_name }}.sizing import model_parameters
+from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.families import count_parameters
+from {{ cookiecutter.package_name }}.tasks.language_model.sizing import model_parameters
 
 
 @pytest.mark.parametrize(

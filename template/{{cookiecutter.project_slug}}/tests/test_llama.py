@@ -27,7 +27,7 @@ from helpers import (
 )
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.sample import load_model
+from {{ cookiecutter.package_name }}.tasks.language_model.sample import load_model
 
 transformers = pytest.importorskip("transformers")  # a test dependency (Python 3.11+)
 

@@ -29,7 +29,7 @@ from helpers import (
     recipe_args,
 )
 
-from {{ cookiecutter.package_name }}.checkpoint_layout import find_latest
+from {{ cookiecutter.package_name }}.checkpoint.layout import find_latest
 from {{ cookiecutter.package_name }}.errors import ExitCode
 
 pytestmark = pytest.mark.slow

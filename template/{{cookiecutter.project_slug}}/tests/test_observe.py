@@ -15,10 +15,14 @@ from lightning.fabric import Fabric
 from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from {{ cookiecutter.package_name }}.hardware import gpu_model, peak_tflops
-from {{ cookiecutter.package_name }}.models import training_flops_per_token
-from {{ cookiecutter.package_name }}.models.gpt import GPT
-from {{ cookiecutter.package_name }}.observe import (
+from {{ cookiecutter.package_name }}.planner.hardware import gpu_model, peak_tflops
+from {{ cookiecutter.package_name }}.recipe.schema import LoggerConfig, TrainConfig
+from {{ cookiecutter.package_name }}.tasks import task_for
+from {{ cookiecutter.package_name }}.tasks.language_model.config import LanguageModelRecipe as Recipe
+from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.families import training_flops_per_token
+from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt import GPT
+from {{ cookiecutter.package_name }}.training.monitor import (
     Monitor,
     Progress,
     build_loggers,
@@ -27,7 +31,6 @@ from {{ cookiecutter.package_name }}.observe import (
     model_flops_utilization,
     wandb_offline,
 )
-from {{ cookiecutter.package_name }}.recipe.schema import LoggerConfig, ModelConfig, Recipe, TrainConfig
 
 
 def test_mfu_is_achieved_model_flops_over_the_dense_peak() -> None:
@@ -138,10 +141,18 @@ def tiny_recipe(tmp_path: Path, **logger: object) -> Recipe:
     )
 
 
+def token_monitor(fabric: Fabric, recipe: Recipe, flops_per_token: float) -> Monitor:
+    """The monitor of a language-model run of `recipe` (4 sequences of model.block_size tokens a step)."""
+    return Monitor(
+        fabric, recipe, 0, samples_per_step=4, unit="token", units_per_sample=recipe.model.block_size,
+        flops_per_unit=flops_per_token,
+    )  # fmt: skip
+
+
 def test_monitor_throughput_gives_the_expected_mfu_from_known_flops_time_and_peak(tmp_path: Path) -> None:
     recipe = tiny_recipe(tmp_path, peak_tflops=2.0)
     fabric = Fabric(accelerator="cpu", devices=1)
-    monitor = Monitor(fabric, recipe, flops_per_token=1_000_000, start_step=0, samples_per_step=4)
+    monitor = token_monitor(fabric, recipe, flops_per_token=1_000_000)
     metrics = monitor.throughput(steps=10, seconds=2.0)
     tokens_per_second = 10 * 4 * 16 / 2.0  # steps * samples * block_size / seconds
     assert metrics["throughput/tokens_per_second"] == tokens_per_second
@@ -151,7 +162,7 @@ def test_monitor_throughput_gives_the_expected_mfu_from_known_flops_time_and_pea
 
 
 def test_without_a_known_peak_tflops_are_logged_but_no_mfu(tmp_path: Path) -> None:
-    monitor = Monitor(Fabric(accelerator="cpu", devices=1), tiny_recipe(tmp_path), 1_000_000, 0, samples_per_step=4)
+    monitor = token_monitor(Fabric(accelerator="cpu", devices=1), tiny_recipe(tmp_path), 1_000_000)
     metrics = monitor.throughput(steps=10, seconds=2.0)
     assert "throughput/tflops_per_second_per_device" in metrics and "throughput/mfu" not in metrics
 
@@ -162,7 +173,7 @@ def test_a_skipped_update_is_counted_under_one_name_and_said(
     fabric = Fabric(accelerator="cpu", devices=1)
     logged = []
     monkeypatch.setattr(fabric, "log_dict", lambda metrics, step: logged.append((metrics, step)))
-    monitor = Monitor(fabric, tiny_recipe(tmp_path), 1_000_000, 0, samples_per_step=4)
+    monitor = token_monitor(fabric, tiny_recipe(tmp_path), 1_000_000)
     monitor.log_skipped_update(step=6, skipped_updates=3)
     assert logged == [({"train/skipped_updates": 3.0}, 6)]
     assert "Skipped the update of step 6: loss is NaN or infinite on some rank" in capsys.readouterr().out
@@ -211,10 +222,10 @@ def test_csv_and_tensorboard_receive_the_same_metrics(tmp_path: Path) -> None:
     recipe = tiny_recipe(tmp_path, peak_tflops=1.0)
     csv_logger, tensorboard = CSVLogger(tmp_path / "csv"), TensorBoardLogger(tmp_path / "tb")
     fabric = Fabric(accelerator="cpu", devices=1, loggers=[csv_logger, tensorboard])
-    monitor = Monitor(fabric, recipe, flops_per_token=1000, start_step=0, samples_per_step=4)
+    monitor = token_monitor(fabric, recipe, flops_per_token=1000)
     for step in range(1, 21):
-        monitor.step_end(step, torch.tensor(2.0), torch.tensor(0.5), 1e-3, tokens_seen=step * 64, epoch=0)
-    monitor.log_validation(20, 1.5, seconds=0.1)
+        monitor.step_end(step, torch.tensor(2.0), torch.tensor(0.5), 1e-3, units_seen=step * 64, epoch=0)
+    monitor.log_validation(20, task_for(recipe).validation_results({"loss": 1.5}), seconds=0.1)
     monitor.log_checkpoint(20, tmp_path / "step-20", seconds=0.2)
     monitor.close()
     csv_logger.finalize("success")

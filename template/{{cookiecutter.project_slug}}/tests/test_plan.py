@@ -15,11 +15,11 @@ from helpers import RECIPES, cli_env
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.commands import plan_device
-from {{ cookiecutter.package_name }}.hardware import INTERCONNECTS
-from {{ cookiecutter.package_name }}.plan import CANDIDATES, Plan, estimate, plan, plan_inputs
-from {{ cookiecutter.package_name }}.plan_report import written_recipe
+from {{ cookiecutter.package_name }}.planner.hardware import INTERCONNECTS
+from {{ cookiecutter.package_name }}.planner.plan import CANDIDATES, Plan, estimate, plan, plan_inputs
+from {{ cookiecutter.package_name }}.planner.report import written_recipe
 from {{ cookiecutter.package_name }}.recipe.load import load_recipe
-from {{ cookiecutter.package_name }}.sizing import gpt_parameters
+from {{ cookiecutter.package_name }}.tasks.language_model.sizing import gpt_parameters, model_shape
 
 STRATEGIES = [
     "ddp",
@@ -147,7 +147,9 @@ def plan_for(name: str) -> Plan:
     """The plan of a library recipe on H100s joined by InfiniBand, computed directly."""
     recipe = load_recipe(RECIPES / f"{name}.yaml")
     device = plan_device(Namespace(gpu="H100", gpu_memory_gib=None), recipe)
-    inputs = plan_inputs(recipe, gpt_parameters(recipe.model), device, INTERCONNECTS["infiniband"], 0.1)
+    inputs = plan_inputs(
+        recipe, model_shape(recipe.model), gpt_parameters(recipe.model), device, INTERCONNECTS["infiniband"], 0.1
+    )
     return plan(inputs)
 
 

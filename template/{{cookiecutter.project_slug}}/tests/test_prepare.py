@@ -18,12 +18,14 @@ from corpus import write_corpus
 from helpers import PACKAGE, RECIPES, cli_env, run_cli, train_args
 from tokenizers import Tokenizer
 
-from {{ cookiecutter.package_name }}.data import TrainBatches, load_splits
-from {{ cookiecutter.package_name }}.data.prepare import prepare
 from {{ cookiecutter.package_name }}.data.prepared import ShardedTokens, open_prepared
+from {{ cookiecutter.package_name }}.data.sampler import TrainBatches
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe, load_recipe
-from {{ cookiecutter.package_name }}.recipe.schema import DataConfig, ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.config import DataConfig, ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.data import load_splits
+from {{ cookiecutter.package_name }}.tasks.language_model.data.prepare import prepare
+from {{ cookiecutter.package_name }}.tasks.language_model.data.windows import TokenWindows
 
 SHARD_TOKENS = 1000  # several shards, so sequences cross shard boundaries
 
@@ -131,7 +133,7 @@ def test_shards_read_as_one_array_give_the_batches_of_one_array(prepared: Path) 
     assert np.array_equal(view[90:120], whole[SHARD_TOKENS - 10 : SHARD_TOKENS + 20])
 
     def stream(tokens: np.ndarray | ShardedTokens) -> TrainBatches:
-        return TrainBatches(tokens, 64, 4, 2, dp_rank=1, dp_size=2, seed=3)
+        return TrainBatches(TokenWindows(tokens, 64), 4, 2, dp_rank=1, dp_size=2, seed=3)
 
     from_shards, from_array = stream(sharded), stream(whole)
     for _ in range(40):  # more than an epoch: the order is the same pure function of (seed, samples seen)

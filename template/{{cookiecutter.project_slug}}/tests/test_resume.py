@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import final_weights, losses_by_run, read_csv_metrics, run_cli, train_args
 
-from {{ cookiecutter.package_name }}.data import make_demo_text
+from {{ cookiecutter.package_name }}.tasks.language_model.data import make_demo_text
 
 pytestmark = pytest.mark.slow
 MAX_STEPS = 24

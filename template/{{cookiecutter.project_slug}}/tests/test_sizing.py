@@ -8,19 +8,19 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from {{ cookiecutter.package_name }}.models import count_parameters, training_flops_per_token
-from {{ cookiecutter.package_name }}.models.gpt import GPT
-from {{ cookiecutter.package_name }}.recipe.schema import ModelConfig
-from {{ cookiecutter.package_name }}.sizing import (
+from {{ cookiecutter.package_name }}.precision import zero_model_states
+from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.families import count_parameters, training_flops_per_token
+from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt import GPT
+from {{ cookiecutter.package_name }}.tasks.language_model.sizing import (
     activations,
     gpt_parameters,
     gpt_shape,
     llama_parameters,
     model_parameters,
     model_shape,
-    zero_model_states,
 )
-from {{ cookiecutter.package_name }}.sizing import training_flops_per_token as flops_by_formula
+from {{ cookiecutter.package_name }}.tasks.language_model.sizing import training_flops_per_token as flops_by_formula
 
 SHAPES = [
     ModelConfig(),

@@ -15,10 +15,10 @@ import pytest
 import torch
 from helpers import RECIPES, executable
 
+from {{ cookiecutter.package_name }}.cluster.preemption import SIGNALS, Preemption
 from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError
-from {{ cookiecutter.package_name }}.preemption import SIGNALS, Preemption
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
-from {{ cookiecutter.package_name }}.step_decision import StepDecision, Update, decide, nonfinite_loss_stop
+from {{ cookiecutter.package_name }}.training.step_decision import StepDecision, Update, decide, nonfinite_loss_stop
 
 
 class OneProcess(SimpleNamespace):

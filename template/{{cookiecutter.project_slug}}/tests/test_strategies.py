@@ -27,9 +27,9 @@ from helpers import (
     train_losses,
 )
 
-from {{ cookiecutter.package_name }}.models import count_parameters
+from {{ cookiecutter.package_name }}.precision import torch_model_states
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
-from {{ cookiecutter.package_name }}.sizing import torch_model_states
+from {{ cookiecutter.package_name }}.tasks.language_model.families import count_parameters
 
 pytestmark = pytest.mark.slow
 

@@ -18,13 +18,13 @@ from torch.distributed.fsdp import CPUOffload, ShardingStrategy
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.models.gpt import GPT, Block
 from {{ cookiecutter.package_name }}.recipe.checks import check_hardware
 from {{ cookiecutter.package_name }}.recipe.load import load_recipe, parse_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.run import build_fabric
 from {{ cookiecutter.package_name }}.strategies import strategy_for
 from {{ cookiecutter.package_name }}.strategies.base import prepare_blocks
+from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt import GPT, Block
+from {{ cookiecutter.package_name }}.training.run import build_fabric
 
 
 def recipe(name: str, *overrides: str) -> Recipe:

@@ -149,6 +149,6 @@ def test_job_options_and_a_layout_that_cannot_run_are_refused_in_one_line(
 def test_training_catches_submitits_signal() -> None:
     import submitit
 
-    from {{ cookiecutter.package_name }}.preemption import SIGNALS
+    from {{ cookiecutter.package_name }}.cluster.preemption import SIGNALS
 
     assert signal.Signals[f"SIG{submitit.JobEnvironment.USR_SIG}"] in SIGNALS

@@ -61,8 +61,8 @@ def build_parser() -> ArgumentParser:
 
     commands.add_subcommand("plan", plan_parser(PROG), help="Which strategy for a model on a cluster.")
 
-    from {{ cookiecutter.package_name }}.slurm import add_job_options
-    from {{ cookiecutter.package_name }}.submit import submit_parser
+    from {{ cookiecutter.package_name }}.cluster.slurm import add_job_options
+    from {{ cookiecutter.package_name }}.cluster.submit import submit_parser
 
     slurm = ArgumentParser(exit_on_error=False, description="Print an sbatch script for a recipe (nodes, tasks, GPUs).")
     slurm.add_argument("recipe", help="Recipe name or path.")
@@ -104,8 +104,8 @@ def build_parser() -> ArgumentParser:
 def dispatch(argv: list[str]) -> None:
     """Run a command line; raises RecipeError for user errors."""
     if argv[:1] == ["train"]:
-        recipe = parse_recipe(argv[1:], recipe_parser(f"{PROG} train"))
-        from {{ cookiecutter.package_name }}.train import train  # imports torch: only when training
+        recipe = parse_recipe(argv[1:], f"{PROG} train")
+        from {{ cookiecutter.package_name }}.training.loop import train  # imports torch: only when training
 
         train(recipe)
         return
@@ -115,7 +115,7 @@ def dispatch(argv: list[str]) -> None:
         print_plan(argv[1:], PROG)
         return
     if argv[:1] == ["submit"]:  # likewise
-        from {{ cookiecutter.package_name }}.submit import submit
+        from {{ cookiecutter.package_name }}.cluster.submit import submit
 
         submit(argv[1:], PROG)
         return

@@ -19,9 +19,10 @@ from {{ cookiecutter.package_name }}.recipe.library import find_recipe
 from {{ cookiecutter.package_name }}.recipe.load import load_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.strategies import strategy_for
+from {{ cookiecutter.package_name }}.tasks import task_class, task_for
 
 if TYPE_CHECKING:
-    from {{ cookiecutter.package_name }}.plan import Device  # plan imports sizing: only when planning
+    from {{ cookiecutter.package_name }}.planner.plan import Device  # plan imports sizing: only when planning
 
 
 def describe(recipe: Recipe) -> str:
@@ -49,10 +50,8 @@ def validate_recipes(files: list[str]) -> None:
         path = find_recipe(name)
         recipe = load_recipe(path)
         print(f"ok: {path}: {describe(recipe)}")
-        if recipe.data.source == "prepared":
-            from {{ cookiecutter.package_name }}.data.sources import describe_prepared  # imports numpy only
-
-            print(f"    {describe_prepared(recipe.data, recipe.model)}")
+        if data := task_for(recipe).describe():
+            print(f"    {data}")
 
 
 def folder_size(path: Path) -> int:
@@ -62,7 +61,7 @@ def folder_size(path: Path) -> int:
 
 def list_checkpoint_folders(run: str) -> None:
     """Print every checkpoint folder of a run: step, size, complete or why not."""
-    from {{ cookiecutter.package_name }}.checkpoint_layout import STEP_DIR, problem_with
+    from {{ cookiecutter.package_name }}.checkpoint.layout import STEP_DIR, problem_with
 
     root = Path(run)
     root = root / "checkpoints" if (root / "checkpoints").is_dir() else root
@@ -81,8 +80,8 @@ def list_checkpoint_folders(run: str) -> None:
 
 def inspect_checkpoint(name: str) -> None:
     """Print what a checkpoint holds."""
-    from {{ cookiecutter.package_name }}.checkpoint import load_full_state
-    from {{ cookiecutter.package_name }}.checkpoint_layout import problem_with, read_meta
+    from {{ cookiecutter.package_name }}.checkpoint.io import load_full_state
+    from {{ cookiecutter.package_name }}.checkpoint.layout import problem_with, read_meta
 
     path = Path(name)
     if problem := problem_with(path) if path.is_dir() else "no such folder":
@@ -91,7 +90,9 @@ def inspect_checkpoint(name: str) -> None:
     state = load_full_state(path)
     weights = state["model"]
     print(f"checkpoint   {path}")
-    print(f"step         {meta['step']}  (tokens seen {meta['tokens_seen']:,})")
+    task = task_class(meta["task"]) if "task" in meta else None
+    units = f"{meta.get('units_seen', 0):,} {task.unit if task else 'unit'}s seen"
+    print(f"step         {meta['step']}  ({units})")
     print(f"saved by     {meta['strategy']} on {meta['world_size']} process(es)")
     print(f"size         {folder_size(path) / 2**20:.1f} MiB in {len(meta['files'])} files")
     print(f"parameters   {sum(t.numel() for t in weights.values()):,} in {len(weights)} tensors")
@@ -102,8 +103,8 @@ def inspect_checkpoint(name: str) -> None:
 
 def consolidate_checkpoint(name: str, output: str) -> None:
     """Write a checkpoint's weights as one plain PyTorch file."""
-    from {{ cookiecutter.package_name }}.checkpoint import consolidate
-    from {{ cookiecutter.package_name }}.checkpoint_layout import problem_with
+    from {{ cookiecutter.package_name }}.checkpoint.io import consolidate
+    from {{ cookiecutter.package_name }}.checkpoint.layout import problem_with
 
     path = Path(name)
     if problem := problem_with(path) if path.is_dir() else "no such folder":
@@ -116,7 +117,7 @@ def consolidate_checkpoint(name: str, output: str) -> None:
 
 def plan_parser(prog: str) -> ArgumentParser:
     """`plan`'s own options; every recipe field is an override as well (`--model.n_layer 48`, `--devices 8`)."""
-    from {{ cookiecutter.package_name }}.hardware import GPUS, INTERCONNECTS
+    from {{ cookiecutter.package_name }}.planner.hardware import GPUS, INTERCONNECTS
 
     planner = ArgumentParser(
         prog=f"{prog} plan",
@@ -154,8 +155,9 @@ PLAN_FLAGS = ("--parameters", "--gpu", "--gpu_memory_gib", "--interconnect", "--
 
 def plan_device(options: Any, recipe: Recipe) -> Device:
     """The device the plan assumes: a row of the hardware table (or a CPU process), its memory overridable."""
-    from {{ cookiecutter.package_name }}.hardware import GPUS, PCIE_PEER_GB_S, gpu_model, precision_column
-    from {{ cookiecutter.package_name }}.plan import Device
+    from {{ cookiecutter.package_name }}.planner.hardware import GPUS, PCIE_PEER_GB_S, gpu_model
+    from {{ cookiecutter.package_name }}.planner.plan import Device
+    from {{ cookiecutter.package_name }}.precision import table_column
 
     memory = int(options.gpu_memory_gib * 2**30) if options.gpu_memory_gib else None
     if recipe.accelerator == "cpu":
@@ -169,7 +171,7 @@ def plan_device(options: Any, recipe: Recipe) -> Device:
     if memory is None and gpu.memory_mib is None:
         raise RecipeError(f"--gpu={options.gpu}: the table has no memory figure for the {row} (add --gpu_memory_gib)")
     name = f"{row} ({options.gpu_memory_gib:g} GiB)" if memory else row
-    peak = gpu.peaks.get(precision_column(recipe.precision))
+    peak = gpu.peaks.get(table_column(recipe.precision))
     return Device(name, memory or (gpu.memory_mib or 0) * 2**20, peak, gpu.intra_node_gb_s or PCIE_PEER_GB_S)
 
 
@@ -181,11 +183,10 @@ def print_plan(argv: list[str], prog: str) -> None:
 
     import yaml
 
-    from {{ cookiecutter.package_name }}.hardware import INTERCONNECTS
-    from {{ cookiecutter.package_name }}.plan import plan, plan_inputs
-    from {{ cookiecutter.package_name }}.plan_report import library_recipe, reference_model, render, to_json, written_recipe
-    from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, recipe_parser, split_command_line
-    from {{ cookiecutter.package_name }}.sizing import model_parameters
+    from {{ cookiecutter.package_name }}.planner.hardware import INTERCONNECTS
+    from {{ cookiecutter.package_name }}.planner.plan import plan, plan_inputs
+    from {{ cookiecutter.package_name }}.planner.report import library_recipe, render, to_json, written_recipe
+    from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, split_command_line
 
     name, own, overrides = split_command_line(argv, PLAN_FLAGS, ("--json",))
     try:
@@ -200,20 +201,23 @@ def print_plan(argv: list[str], prog: str) -> None:
     if not 0 <= options.margin < 1:
         raise RecipeError(f"--margin={options.margin:g} must be in [0, 1): the fraction of device memory kept free")
     base = ["--config", str(find_recipe(name))] if name else list(PLAN_DEFAULTS)
-    if options.parameters and not name:  # a bare count: plan it on the nearest reference shape
-        reference = reference_model(options.parameters).items()
+    if options.parameters and not name:  # a bare count: plan it on the task's nearest reference shape
+        task = task_for(parse_recipe([*base, *overrides], f"{prog} plan"))
+        reference = (task.reference_model(options.parameters) or {}).items()
         base += [arg for key, value in reference for arg in (f"--model.{key}", str(value))]
-    recipe = parse_recipe([*base, *overrides], recipe_parser(f"{prog} plan"))
+    recipe = parse_recipe([*base, *overrides], f"{prog} plan")
+    cost = task_for(recipe).model_cost()
+    if cost is None:
+        raise RecipeError(f"plan: task={recipe.task} has no size formulas (Task.model_cost), so plan cannot tell")
     device = plan_device(options, recipe)
-    parameters = int(options.parameters) if options.parameters else model_parameters(recipe.model)
+    parameters = int(options.parameters) if options.parameters else cost.parameters()
     host = options.host_memory_gib * 2**30 if options.host_memory_gib else None
-    result = plan(plan_inputs(recipe, parameters, device, INTERCONNECTS[options.interconnect], options.margin, host))
+    inputs = plan_inputs(recipe, cost, parameters, device, INTERCONNECTS[options.interconnect], options.margin, host)
+    result = plan(inputs)
     if options.json:
         print(json.dumps(to_json(result), indent=2))
     else:
-        model = recipe.model
-        shape = f"n_layer={model.n_layer}, n_embd={model.n_embd}, n_head={model.n_head}, vocab_size={model.vocab_size}"
-        print(render(result, shape))
+        print(render(result))
     if options.write:
         if result.recommended is None:
             raise RecipeError(f"--write {options.write}: {result.reason}")
@@ -229,7 +233,7 @@ def print_plan(argv: list[str], prog: str) -> None:
 
 def print_sbatch(args: Any) -> None:
     """Print the sbatch script for a recipe; its counts come from the recipe."""
-    from {{ cookiecutter.package_name }}.slurm import check_job_options, sbatch_script
+    from {{ cookiecutter.package_name }}.cluster.slurm import check_job_options, sbatch_script
 
     path = find_recipe(args.recipe)
     recipe = load_recipe(path)
@@ -245,7 +249,7 @@ def print_sbatch(args: Any) -> None:
 
 def prepare_data(args: Any) -> None:
     """Tokenize the inputs into a prepared folder and say how to train on it."""
-    from {{ cookiecutter.package_name }}.data.prepare import prepare  # imports tokenizers and numpy, not torch
+    from {{ cookiecutter.package_name }}.tasks.language_model.data.prepare import prepare  # imports tokenizers and numpy, not torch
 
     manifest = prepare(
         args.inputs, args.out, args.tokenizer, args.train_tokenizer, args.text_field, args.val_fraction,
@@ -261,8 +265,8 @@ def prepare_data(args: Any) -> None:
 
 def export_checkpoint(args: Any) -> None:
     """Write a checkpoint as a Hugging Face model folder and say how to load it."""
-    from {{ cookiecutter.package_name }}.export import export_hf  # imports torch
-    from {{ cookiecutter.package_name }}.sample import resolve_checkpoint
+    from {{ cookiecutter.package_name }}.tasks.language_model.export import export_hf  # imports torch
+    from {{ cookiecutter.package_name }}.tasks.language_model.sample import resolve_checkpoint
 
     path = resolve_checkpoint(args.checkpoint)
     done = export_hf(path, Path(args.out_dir), args.max_shard_bytes)
@@ -276,6 +280,6 @@ def export_checkpoint(args: Any) -> None:
 
 def print_sample(args: Any) -> None:
     """Print a checkpoint's continuation of a prompt."""
-    from {{ cookiecutter.package_name }}.sample import sample  # imports torch
+    from {{ cookiecutter.package_name }}.tasks.language_model.sample import sample  # imports torch
 
     print(sample(args.checkpoint, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed))

@@ -1,4 +1,4 @@
-"""Every rule a recipe must satisfy, in one place: field ranges, the strategy's own rules, and the hardware rules.
+"""Every rule a recipe must satisfy: field ranges, the task's and the strategy's own rules, and the hardware rules.
 
 `check_recipe` runs when a recipe is parsed, before torch is imported and before any process starts
 or file is written. `check_hardware` is the one function for what the machine must have; it runs at
@@ -13,17 +13,16 @@ import os
 from pathlib import Path
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.schema import ARCH_ONLY_FIELDS, STRATEGY_SECTIONS, ModelConfig, Recipe
+from {{ cookiecutter.package_name }}.precision import BF16_CAPABILITY, GPU_ONLY
+from {{ cookiecutter.package_name }}.recipe.schema import STRATEGY_SECTIONS, Recipe
 from {{ cookiecutter.package_name }}.strategies import REGISTRY, strategy_class, strategy_for
-
-BF16_CAPABILITY = (8, 0)  # A100 and newer
-GPU_ONLY_PRECISIONS = ("16-mixed", "16-true")
+from {{ cookiecutter.package_name }}.tasks import task_for
 
 
 def check_recipe(recipe: Recipe) -> None:
     """Reject values and combinations that cannot run, naming the field and what is allowed."""
     _check_values(recipe)
-    check_model(recipe.model)
+    task_for(recipe).check()
     check_strategy(recipe)
     if recipe.accelerator == "cpu":
         check_hardware(recipe, "cpu")
@@ -36,12 +35,6 @@ def _check_values(recipe: Recipe) -> None:
         "num_nodes": (recipe.num_nodes, 1),
         "strategy.timeout_minutes": (recipe.strategy.timeout_minutes, 1),
         "strategy.activation_checkpointing_every": (recipe.strategy.activation_checkpointing_every, 1),
-        "model.vocab_size": (recipe.model.vocab_size, 1),
-        "model.block_size": (recipe.model.block_size, 1),
-        "model.n_layer": (recipe.model.n_layer, 1),
-        "model.n_head": (recipe.model.n_head, 1),
-        "model.n_embd": (recipe.model.n_embd, 1),
-        "model.mlp_ratio": (recipe.model.mlp_ratio, 1),
         "train.max_steps": (recipe.train.max_steps, 1),
         "train.micro_batch_size": (recipe.train.micro_batch_size, 1),
         "train.grad_accum_steps": (recipe.train.grad_accum_steps, 1),
@@ -76,51 +69,8 @@ def _check_values(recipe: Recipe) -> None:
     for name, value in (("train.beta1", recipe.train.beta1), ("train.beta2", recipe.train.beta2)):
         if not 0 <= value < 1:
             raise RecipeError(f"{name}={value} must be in [0, 1)")
-    if not 0 <= recipe.model.dropout < 1:
-        raise RecipeError(f"model.dropout={recipe.model.dropout} must be in [0, 1)")
-    if recipe.model.n_embd % recipe.model.n_head:
-        raise RecipeError(f"model.n_head={recipe.model.n_head} does not divide model.n_embd={recipe.model.n_embd}")
-    if not 0 < recipe.data.val_fraction < 1:
-        raise RecipeError(f"data.val_fraction={recipe.data.val_fraction} must be in (0, 1)")
-    if recipe.data.source != "embedded" and not recipe.data.path:
-        raise RecipeError(f"data.path is required when data.source={recipe.data.source}")
-    if recipe.data.source in ("embedded", "text") and recipe.model.vocab_size < 256:
-        raise RecipeError(
-            f"model.vocab_size={recipe.model.vocab_size} is too small for data.source={recipe.data.source}"
-            " (byte-level tokens need 256)"
-        )
     if recipe.checkpoint.resume is not None and not recipe.checkpoint.resume.strip():
         raise RecipeError("checkpoint.resume must be null, auto, or a checkpoint path")
-
-
-def check_model(model: ModelConfig) -> None:
-    """Fields of the other model family left at their defaults; grouped-query heads and RoPE widths that fit;
-    an init_from folder that matches the model (its config.json and tensor shapes, read without torch)."""
-    defaults = ModelConfig()
-    for name, arch in ARCH_ONLY_FIELDS.items():
-        if arch != model.arch and getattr(model, name) != getattr(defaults, name):
-            raise RecipeError(
-                f"model.{name} applies only to model.arch={arch} (this recipe has {model.arch}; remove the key)"
-            )
-    if model.arch != "llama":
-        return
-    if model.n_kv_head < 0 or model.intermediate_size < 0:
-        raise RecipeError("model.n_kv_head and model.intermediate_size must be >= 0 (0: the default rule)")
-    if model.n_head % model.kv_heads:
-        raise RecipeError(
-            f"model.n_kv_head={model.n_kv_head} does not divide model.n_head={model.n_head}"
-            " (each key/value head serves an equal group of query heads)"
-        )
-    if (model.n_embd // model.n_head) % 2:
-        raise RecipeError(
-            f"model.n_embd / model.n_head = {model.n_embd // model.n_head} must be even (RoPE rotates pairs)"
-        )
-    if not model.rope_theta > 0 or not model.norm_eps > 0:
-        raise RecipeError("model.rope_theta and model.norm_eps must be > 0")
-    if model.init_from is not None:
-        from {{ cookiecutter.package_name }}.hf import check_init_from  # reads JSON only: no torch
-
-        check_init_from(model)
 
 
 def check_strategy(recipe: Recipe) -> None:
@@ -164,7 +114,7 @@ def check_hardware(
             raise RecipeError(
                 f"{requirement.field} needs {requirement.needs}{where} ({requirement.why}); on CPU {requirement.remedy}"
             )
-        if recipe.precision in GPU_ONLY_PRECISIONS:
+        if recipe.precision in GPU_ONLY:
             raise RecipeError(
                 f"precision={recipe.precision} needs a GPU{where}; on CPU choose 32-true, bf16-mixed or bf16-true"
             )

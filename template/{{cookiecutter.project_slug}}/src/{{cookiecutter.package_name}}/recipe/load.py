@@ -1,13 +1,16 @@
 """Reading a recipe: a YAML file plus dotted command-line overrides (`--train.max_steps 20`) -> a checked `Recipe`.
 
-jsonargparse fills the dataclasses of `recipe/schema.py` and rejects unknown keys and values of the
-wrong type; its multi-line errors are condensed here into one line that names the field.
+The recipe's `task:` (from the overrides, else the file, else the default) selects the Recipe class:
+the machinery's sections (recipe/schema.py) plus the task's `model:` and `data:`. jsonargparse fills
+those dataclasses and rejects unknown keys and values of the wrong type; its multi-line errors are
+condensed here into one line that names the field.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -15,33 +18,41 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe import schema
 from {{ cookiecutter.package_name }}.recipe.checks import check_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.strategies import strategy_class
+from {{ cookiecutter.package_name }}.tasks import task_class
 
 
-def recipe_parser(prog: str = "train") -> ArgumentParser:
-    """A parser for a recipe file plus dotted command-line overrides."""
+def recipe_parser(prog: str = "train", recipe_type: type[Recipe] | None = None) -> ArgumentParser:
+    """A parser for a recipe file plus dotted command-line overrides (of the default task's Recipe unless given)."""
+    recipe_type = recipe_type or task_class(Recipe.task).recipe_type
     parser = ArgumentParser(prog=prog, exit_on_error=False, allow_abbrev=False, description="Train with a recipe.")
     parser.add_argument("--config", action=ActionConfigFile, help="Recipe YAML file.")
-    parser.add_class_arguments(Recipe, nested_key=None, fail_untyped=True)
+    parser.add_class_arguments(recipe_type, nested_key=None, fail_untyped=True)
     return parser
 
 
-def parse_recipe(argv: list[str], parser: ArgumentParser | None = None) -> Recipe:
+def parse_recipe(argv: list[str], prog: str = "train") -> Recipe:
     """Parse and check a recipe; raises RecipeError with a one-line message."""
-    parser = parser or recipe_parser()
     source = _config_source(argv)
-    for path in _config_files(argv):
-        _check_recipe_file(path, source)
+    files = _config_files(argv)
+    documents = [_read_recipe_file(path, source) for path in files]
+    try:
+        recipe_type = task_class(_task_name(argv, documents)).recipe_type
+    except RecipeError as error:
+        raise RecipeError(f"{source}: {error}") from None
+    for document in documents:
+        if document is not None:
+            _check_keys(document, recipe_type, "", source)
+    parser = recipe_parser(prog, recipe_type)
     try:
         namespace = parser.parse_args(argv)
     except Exception as error:  # jsonargparse raises ArgumentError; its text spans lines
-        raise RecipeError(_one_line(str(error), source)) from None
+        raise RecipeError(_one_line(str(error), source, recipe_type)) from None
     values = parser.instantiate(namespace).as_dict()
     values.pop("config", None)
-    recipe = Recipe(**{f.name: values[f.name] for f in dataclasses.fields(Recipe)})
+    recipe = recipe_type(**{f.name: values[f.name] for f in dataclasses.fields(recipe_type)})
     try:
         check_recipe(recipe)
     except RecipeError as error:
@@ -92,15 +103,30 @@ def _config_files(argv: list[str]) -> list[Path]:
     return files + [Path(arg.split("=", 1)[1]) for arg in argv if arg.startswith("--config=")]
 
 
-def _check_recipe_file(path: Path, source: str) -> None:
-    """Refuse a recipe file that is not YAML, is empty, is not a mapping, or has a key the schema lacks.
+def _task_name(argv: list[str], documents: list[dict[str, Any] | None]) -> str:
+    """The recipe's task: the last `--task` override, else the last file that names one, else the default."""
+    name = Recipe.task
+    for document in documents:
+        if document is not None and isinstance(document.get("task"), str):
+            name = document["task"]
+    for index, arg in enumerate(argv):
+        if arg == "--task" and index + 1 < len(argv):
+            name = argv[index + 1]
+        elif arg.startswith("--task="):
+            name = arg.split("=", 1)[1]
+    return name
+
+
+def _read_recipe_file(path: Path, source: str) -> dict[str, Any] | None:
+    """A recipe file's mapping (None when the file is missing: jsonargparse names it); refuses a file that is
+    not YAML, is empty or is not a mapping (its keys are checked against the task's schema by the caller).
 
     Done here rather than left to jsonargparse, which accepts an unknown key whose value is an empty
     mapping (`optimiser: {}`), says "Unexpected config" for an empty file or a list, and drops the line
     and column of a YAML syntax error.
     """
     if not path.is_file():
-        return  # jsonargparse names the missing file
+        return None  # jsonargparse names the missing file
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.MarkedYAMLError as error:
@@ -115,17 +141,17 @@ def _check_recipe_file(path: Path, source: str) -> None:
         raise RecipeError(
             f"{source}: must be a mapping of keys (devices: 2, strategy: ..., train: ...), not a {type(data).__name__}"
         )
-    _check_keys(data, Recipe, "", source)
+    return data
 
 
 def _check_keys(data: dict[Any, Any], cls: Any, prefix: str, source: str) -> None:
     """Every key of `data` is a field of the dataclass `cls` (recursively through sections)."""
-    fields = {field.name: field for field in dataclasses.fields(cls)}
+    types = typing.get_type_hints(cls)
     for key, value in data.items():
-        if key not in fields:
+        if key not in types:
             where = f" in {prefix.rstrip('.')}" if prefix else ""
             raise RecipeError(f"{source}: unknown key '{prefix}{key}' (allowed{where}: {_fields_of(cls)})")
-        section = _dataclass_in(fields[key].type)
+        section = _dataclass_in(types[key])
         if dataclasses.is_dataclass(section) and isinstance(value, dict):
             _check_keys(value, section, f"{prefix}{key}.", source)
 
@@ -140,7 +166,7 @@ def _config_source(argv: list[str]) -> str:
     return "recipe"
 
 
-def _one_line(message: str, source: str) -> str:
+def _one_line(message: str, source: str, recipe_type: Any) -> str:
     """Condense a jsonargparse error (often several lines) into one line that names the field."""
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()] or [message]
     text = lines[0]
@@ -151,11 +177,11 @@ def _one_line(message: str, source: str) -> str:
         if inner := _union_member_error(lines):  # an options section (`X | None`): its dataclass's own error
             if unknown := re.match(r"Option '([^']+)' is not accepted", inner[0]):
                 group = key.group(1)
-                allowed = _fields_of(_group_class(group))
+                allowed = _fields_of(_group_class(group, recipe_type))
                 return f"{source}: unknown key '{group}.{unknown.group(1)}' (allowed in {group}: {allowed})"
             if nested := re.match(r'Parser key "([^"]+)":\s*', inner[0]):
                 inner[0] = f'Parser key "{key.group(1)}.{nested.group(1)}": {inner[0][nested.end() :]}'
-                return _one_line("\n".join(inner), source)
+                return _one_line("\n".join(inner), source, recipe_type)
         detail = lines[1] if len(lines) > 1 else rest
         if literal := re.search(r"Literal\[(.*)\]\. Got value: (.*)", detail):
             detail = f"{literal.group(2)!r} is not allowed (choose one of {literal.group(1)})"
@@ -165,20 +191,18 @@ def _one_line(message: str, source: str) -> str:
     if unrecognized := re.match(r"unrecognized arguments: --([\w.]+)", text):  # a misspelt or abbreviated flag
         flag = unrecognized.group(1)
         group, _, _ = flag.rpartition(".")
-        cls = _group_class(group) if group else Recipe
+        cls = _group_class(group, recipe_type) if group else recipe_type
         if not dataclasses.is_dataclass(cls):
-            return (
-                f"{source}: unknown option '--{flag}' (no section {group!r}; sections and keys: {_fields_of(Recipe)})"
-            )
+            return f"{source}: unknown option '--{flag}' (no section {group!r}; sections and keys: {_fields_of(recipe_type)})"
         where = f" in {group}" if group else ""
         return (
             f"{source}: unknown option '--{flag}' (allowed{where}: {_fields_of(cls)}; abbreviations are not accepted)"
         )
     if unknown := re.match(r"Option '([^']+)' is not accepted", text):
-        return f"{source}: unknown key {unknown.group(1)!r} (allowed: {_fields_of(Recipe)})"
+        return f"{source}: unknown key {unknown.group(1)!r} (allowed: {_fields_of(recipe_type)})"
     if nested := re.match(r"Group '([^']+)' does not accept option '([^']+)'", text):
         group, option = nested.groups()
-        allowed = _fields_of(_group_class(group))
+        allowed = _fields_of(_group_class(group, recipe_type))
         return f"{source}: unknown key '{group}.{option}' (allowed in {group}: {allowed})"
     return f"{source}: {text}"
 
@@ -196,14 +220,13 @@ def _union_member_error(lines: list[str]) -> list[str]:
     return []
 
 
-def _group_class(group: str) -> Any:
+def _group_class(group: str, recipe_type: Any) -> Any:
     """The dataclass behind a dotted group name such as 'strategy'."""
-    cls: Any = Recipe
+    cls: Any = recipe_type
     for part in group.split("."):
         if not dataclasses.is_dataclass(cls):
             return None
-        types: dict[str, Any] = {f.name: f.type for f in dataclasses.fields(cls)}
-        cls = _dataclass_in(types.get(part))
+        cls = _dataclass_in(typing.get_type_hints(cls).get(part))
     return cls
 
 
@@ -212,8 +235,8 @@ def _fields_of(cls: Any) -> str:
 
 
 def _dataclass_in(annotation: Any) -> Any:
-    """The schema dataclass named in a field's annotation ('StrategyConfig', 'DeepSpeedOptions | None')."""
-    for name in re.findall(r"\w+", annotation) if isinstance(annotation, str) else []:
-        if dataclasses.is_dataclass(candidate := getattr(schema, name, None)):
-            return candidate
+    """The dataclass of a field's type (`StrategyConfig`, or the member of `DeepSpeedOptions | None`), else the type."""
+    for member in typing.get_args(annotation):
+        if dataclasses.is_dataclass(member):
+            return member
     return annotation

@@ -11,8 +11,8 @@ from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.strategies.base import GpuRequirement, PlanOption, TrainingStrategy
 from {{ cookiecutter.package_name }}.strategies.ddp import DDP
 from {{ cookiecutter.package_name }}.strategies.deepspeed import DeepSpeed
-from {{ cookiecutter.package_name }}.strategies.fsdp1 import FSDP1
-from {{ cookiecutter.package_name }}.strategies.model_parallel import FSDP2, HSDP
+from {{ cookiecutter.package_name }}.strategies.fsdp import FSDP1
+from {{ cookiecutter.package_name }}.strategies.fsdp2 import FSDP2, HSDP
 
 __all__ = ["GpuRequirement", "PlanOption", "TrainingStrategy", "register", "strategy_class", "strategy_for"]
 

@@ -16,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.tasks import Task, task_for
 
 if TYPE_CHECKING:
     import torch
@@ -91,6 +93,11 @@ class TrainingStrategy:
         self.recipe = recipe
         self.config = recipe.strategy
 
+    @cached_property
+    def task(self) -> Task:
+        """What the recipe trains: it builds the model (and its blocks) that this strategy shards or replicates."""
+        return task_for(self.recipe)
+
     @property
     def options(self) -> Any:
         """This family's options section (its defaults where the recipe has none)."""
@@ -140,13 +147,11 @@ class TrainingStrategy:
         `pretrained`: the run starts from model.init_from's weights; most strategies load them after
         `setup` (`load_pretrained`), a strategy whose setup copies the weights (DeepSpeed) loads them here.
         """
-        from {{ cookiecutter.package_name }}.models import build_model
-
         with fabric.init_module(empty_init=self.config.meta_init):
-            return build_model(self.recipe.model)
+            return self.task.build_model()
 
     def load_pretrained(self, fabric: Fabric, model: Any) -> None:
-        """Copy model.init_from's weights into the set-up (sharded or replicated) model.
+        """Copy the task's pretrained weights (model.init_from) into the set-up (sharded or replicated) model.
 
         Rank 0 reads the weights into host memory and torch.distributed.checkpoint broadcasts them,
         each rank keeping its own shards (FSDP2, tensor parallel) or the whole (ddp).
@@ -154,15 +159,12 @@ class TrainingStrategy:
         import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        from {{ cookiecutter.package_name }}.hf import pretrained_tensors
-
         module = model.module  # without Fabric's wrapper
         weights: dict[str, Any] = {}
         if fabric.global_rank == 0:
             dtypes = {name: value.dtype for name, value in module.state_dict().items()}
-            weights = {
-                name: value.to(dtypes.get(name, value.dtype)) for name, value in pretrained_tensors(self.recipe.model)
-            }
+            tensors = self.task.pretrained_tensors()
+            weights = {name: value.to(dtypes.get(name, value.dtype)) for name, value in tensors}
         if not dist.is_initialized():
             module.load_state_dict(weights)
             return
@@ -206,7 +208,7 @@ class TrainingStrategy:
 def prepare_blocks(model: Any, config: Any) -> Any:
     """Activation checkpointing (every k-th block) and torch.compile per block, in place.
 
-    `model.blocks` is the repeated block every model family exposes (models/): the unit that is
+    `model.blocks` is the repeated block every task's model exposes (tasks/base.py): the unit that is
     sharded, checkpointed and compiled.
     """
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from {{ cookiecutter.package_name }}.sizing import torch_model_states
+from {{ cookiecutter.package_name }}.precision import torch_model_states
 from {{ cookiecutter.package_name }}.strategies.base import (
     PlanOption,
     PlanSizes,

@@ -9,13 +9,13 @@ the model partitioned.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.precision import MIXED
 from {{ cookiecutter.package_name }}.recipe.schema import DeepSpeedOptions
-from {{ cookiecutter.package_name }}.sizing import MIXED
 from {{ cookiecutter.package_name }}.strategies.base import (
     GpuRequirement,
     MakeOptimizer,
@@ -180,14 +180,12 @@ class DeepSpeed(TrainingStrategy):
 
         Pretrained weights are copied in here, before `setup`: DeepSpeed's optimizer takes its (fp32 master)
         copies of the parameters when it is set up, and would not see weights loaded later."""
-        from {{ cookiecutter.package_name }}.models import build_model
-
         with fabric.init_module(empty_init=self.config.meta_init or self.zero_stage_3):
-            model = build_model(self.recipe.model)
+            model = self.task.build_model()
         if self.zero_stage_3:
             init_zero3_partitioned(model)
         if pretrained:
-            load_zero_pretrained(model, self.recipe.model)
+            load_zero_pretrained(model, self.task.pretrained_tensors())
         return model
 
     def load_pretrained(self, fabric: Fabric, model: Any) -> None:
@@ -246,16 +244,14 @@ def init_zero3_partitioned(model: Any) -> None:
             model.init_parameter(name, param)
 
 
-def load_zero_pretrained(model: Any, config: Any) -> None:
-    """Copy model.init_from's weights in, one tensor at a time; under ZeRO-3 each parameter is gathered whole,
+def load_zero_pretrained(model: Any, weights: Iterable[tuple[str, Any]]) -> None:
+    """Copy the task's pretrained weights in, one tensor at a time; under ZeRO-3 each parameter is gathered whole,
     written on rank 0 and partitioned again (elsewhere the gather is a no-op and every rank copies)."""
     import deepspeed  # GPU-strategy extra: imported only for deepspeed recipes
     import torch
 
-    from {{ cookiecutter.package_name }}.hf import pretrained_tensors
-
     parameters = dict(model.named_parameters(remove_duplicate=False))
-    for name, value in pretrained_tensors(config):
+    for name, value in weights:
         param = parameters[name]
         with deepspeed.zero.GatheredParameters([param], modifier_rank=0), torch.no_grad():
             param.copy_(value)

@@ -14,10 +14,11 @@ import torch
 from lightning.fabric.strategies import ModelParallelStrategy
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
+from {{ cookiecutter.package_name }}.precision import mixed_precision_policy
 from {{ cookiecutter.package_name }}.recipe.schema import StrategyConfig
 from {{ cookiecutter.package_name }}.strategies.base import prepare_blocks
 
@@ -84,19 +85,6 @@ def parallelize(
     if config.meta_init:
         materialize(model, "cpu" if offload else device_mesh.device_type)  # offloaded shards live in host memory
     return model
-
-
-def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
-    """bf16-mixed: gather the fp32 shards in bf16, compute in bf16, reduce gradients in fp32 (as torchtitan does).
-
-    Without it autocast would cast every gathered fp32 weight to bf16 at each matmul and keep that copy
-    for backward, beside the fp32 one: twice the all-gather volume and 2 bytes per parameter of every
-    layer held until backward, and the residual stream in fp32. The sharded parameters, their gradients
-    and AdamW's moments stay fp32 (the master copy); Fabric's autocast still runs the loss in fp32.
-    """
-    if precision == "bf16-mixed":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()  # fully_shard's default: compute in the parameters' dtype
 
 
 def materialize(model: Any, device_type: str) -> None:

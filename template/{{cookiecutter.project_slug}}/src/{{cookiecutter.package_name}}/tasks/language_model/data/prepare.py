@@ -42,8 +42,8 @@ from {{ cookiecutter.package_name }}.data.prepared import (
     count_token,
     validation_boundary,
 )
-from {{ cookiecutter.package_name }}.data.tokenizer import eos_id, load_tokenizer, train_byte_level_bpe, vocab_size
 from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import eos_id, load_tokenizer, train_byte_level_bpe, vocab_size
 
 FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".parquet": "parquet"}
 SHARD_TOKENS = 1 << 28  # 512 MiB of uint16 per shard: few files (each stays memory-mapped) even for 100B tokens

@@ -60,9 +60,7 @@ class FSDP1(TrainingStrategy):
     def fabric_strategy(self) -> Strategy:
         from lightning.fabric.strategies import FSDPStrategy
 
-        from {{ cookiecutter.package_name }}.models import block_class
-
-        block = block_class(self.recipe.model)
+        block = self.task.block_class()
         hybrid = self.options.sharding == "HYBRID_SHARD"
         return FSDPStrategy(
             sharding_strategy=self.options.sharding,

@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint import load_full_state
-from {{ cookiecutter.package_name }}.checkpoint_layout import checkpoint_recipe, find_latest, problem_with
+from {{ cookiecutter.package_name }}.checkpoint.io import load_full_state
+from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_recipe, find_latest, problem_with
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.models import build_model
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.tasks.language_model.families import build_model
 
 # Module wrappers that activation checkpointing and torch.compile can leave in parameter names.
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -60,7 +60,7 @@ def text_codec(recipe: Recipe) -> tuple[Callable[[str], list[int]], Callable[[li
         return (lambda text: list(text.encode("utf-8"))), _decode_bytes, None
     if recipe.data.source == "prepared":
         from {{ cookiecutter.package_name }}.data.prepared import TOKENIZER, read_manifest
-        from {{ cookiecutter.package_name }}.data.tokenizer import load_tokenizer
+        from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import load_tokenizer
 
         folder = Path(recipe.data.path or "")
         manifest = read_manifest(folder, field="the checkpoint's data.path")

@@ -16,17 +16,18 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger
 
-from {{ cookiecutter.package_name }}.checkpoint import load_checkpoint
-from {{ cookiecutter.package_name }}.checkpoint_layout import checkpoint_root, read_meta, resolve_resume
-from {{ cookiecutter.package_name }}.data import Batch, TrainBatches, load_splits, validation_batches
+from {{ cookiecutter.package_name }}.checkpoint.io import load_checkpoint
+from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_root, read_meta, resolve_resume
+from {{ cookiecutter.package_name }}.cluster.launchers import check_launcher, start_processes
+from {{ cookiecutter.package_name }}.data.sampler import Batch, TrainBatches, validation_batches
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.launchers import check_launcher, start_processes
-from {{ cookiecutter.package_name }}.observe import build_loggers, new_run_id
-from {{ cookiecutter.package_name }}.optim import build_optimizer, build_scheduler
 from {{ cookiecutter.package_name }}.recipe.checks import check_before_launch, check_hardware
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.strategies import TrainingStrategy, strategy_for
+from {{ cookiecutter.package_name }}.tasks import Task, task_for
+from {{ cookiecutter.package_name }}.training.monitor import build_loggers, new_run_id
+from {{ cookiecutter.package_name }}.training.optim import build_optimizer, build_scheduler
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Run:
     """A training run, set up and (if the recipe says so) resumed; `state` is what a checkpoint holds."""
 
     recipe: Recipe
+    task: Task
     strategy: TrainingStrategy
     fabric: Fabric
     model: Any  # Fabric's wrapper of the (sharded) model
@@ -75,8 +77,8 @@ def build_fabric(recipe: Recipe, strategy: TrainingStrategy, loggers: list[Logge
 
 def setup(recipe: Recipe) -> Run:
     """Launch the processes and build everything the loop trains; resumes from a checkpoint if the recipe says so."""
-    strategy = strategy_for(recipe)
-    train_tokens, val_tokens = load_splits(recipe.data, recipe.model)
+    task, strategy = task_for(recipe), strategy_for(recipe)
+    splits = task.datasets()  # refuses data that is missing, too short or does not fit the model
     resume_from = resolve_resume(recipe)
     # A resumed or requeued job appends to the W&B run of its checkpoint instead of starting a new one.
     run_id = (read_meta(resume_from).get("wandb_run_id") if resume_from else None) or new_run_id()
@@ -86,19 +88,18 @@ def setup(recipe: Recipe) -> Run:
     start_processes(fabric)  # unless `fabric run` already did
     fabric.seed_everything(recipe.train.seed)
     fabric.print(f"Recipe:\n{dump_recipe(recipe)}")
-    pretrained = recipe.model.init_from is not None and resume_from is None  # a resumed run has its own weights
-    model = strategy.build_model(fabric, pretrained)  # whole on every rank, or sharded as built (meta_init, ZeRO-3)
+    weights_from = task.pretrained_from() if resume_from is None else None  # a resumed run has its own weights
+    model = strategy.build_model(fabric, pretrained=weights_from is not None)  # sharded as built: meta_init, ZeRO-3
     model, optimizer, scheduled = strategy.setup(fabric, model, partial(build_optimizer, config=recipe.train))
-    if pretrained:
+    if weights_from is not None:
         strategy.load_pretrained(fabric, model)
-        fabric.print(f"Started from the weights of {recipe.model.init_from}")
+        fabric.print(f"Started from the weights of {weights_from}")
     scheduler = build_scheduler(scheduled, recipe.train)
 
     dp_rank, dp_size = strategy.data_parallel_rank_and_size(fabric)  # tensor-parallel peers see the same batches
     micro_batch_size = recipe.train.micro_batch_size
     batches = TrainBatches(
-        train_tokens,
-        block_size=recipe.model.block_size,
+        splits.train,
         micro_batch_size=micro_batch_size,
         grad_accum_steps=recipe.train.grad_accum_steps,
         dp_rank=dp_rank,
@@ -106,7 +107,7 @@ def setup(recipe: Recipe) -> Run:
         seed=recipe.train.seed,
     )
     val_batches = validation_batches(
-        val_tokens, recipe.model.block_size, micro_batch_size, recipe.eval.batches, dp_rank=dp_rank, dp_size=dp_size
+        splits.validation, micro_batch_size, recipe.eval.batches, dp_rank=dp_rank, dp_size=dp_size
     )
     state: dict[str, Any] = {
         "model": model,
@@ -114,7 +115,7 @@ def setup(recipe: Recipe) -> Run:
         "scheduler": scheduler,
         "data": batches,
         "step": 0,
-        "tokens_seen": 0,
+        "units_seen": 0,  # tokens, images, ...: the task's unit
         "skipped_updates": 0,  # non-finite loss, on_nonfinite_loss=skip ("skipped_steps" is DeepSpeed's own key)
         "wandb_run_id": fabric.broadcast(run_id),  # rank 0's id: the one its logger writes to
     }
@@ -123,4 +124,4 @@ def setup(recipe: Recipe) -> Run:
         fabric.print(f"Resumed from {resume_from} at step {state['step']}")
     elif recipe.checkpoint.resume == "auto":
         fabric.print(f"No checkpoint under {checkpoint_root(recipe)}: starting from step 0")
-    return Run(recipe, strategy, fabric, model, optimizer, scheduler, batches, val_batches, state, resume_from)
+    return Run(recipe, task, strategy, fabric, model, optimizer, scheduler, batches, val_batches, state, resume_from)

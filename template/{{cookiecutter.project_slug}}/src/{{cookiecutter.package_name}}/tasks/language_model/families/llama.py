@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
-from {{ cookiecutter.package_name }}.recipe.schema import ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
 
 
 def rotary_tables(config: ModelConfig, time: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,8 +10,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.precision import MIXED, torch_model_states
 from {{ cookiecutter.package_name }}.recipe.schema import Fsdp2Options
-from {{ cookiecutter.package_name }}.sizing import MIXED, torch_model_states
 from {{ cookiecutter.package_name }}.strategies.base import (
     GpuRequirement,
     MakeOptimizer,
@@ -58,10 +58,16 @@ class FSDP2(TrainingStrategy):
                 f"strategy.fsdp2.tensor_parallel_size={tensor_parallel} does not divide devices={recipe.devices}"
                 f" (tensor parallel stays inside a node: choose {divisors(recipe.devices)})"
             )
-        for key, size in recipe.model.tensor_parallel_dimensions().items():
+        dimensions = self.task.tensor_parallel_dimensions()
+        if tensor_parallel > 1 and not dimensions:
+            raise RecipeError(
+                f"strategy.fsdp2.tensor_parallel_size={tensor_parallel}: task={recipe.task} has no tensor-parallel"
+                " plan (set it to 1)"
+            )
+        for key, size in dimensions.items():
             if size % tensor_parallel:
                 raise RecipeError(
-                    f"strategy.fsdp2.tensor_parallel_size={tensor_parallel} does not divide model.{key}={size}"
+                    f"strategy.fsdp2.tensor_parallel_size={tensor_parallel} does not divide {key}={size}"
                     " (each tensor-parallel rank holds an equal share of heads and width)"
                 )
         if self.options.float8 and tensor_parallel > 1:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.schema import ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
 
 if TYPE_CHECKING:
     import torch

@@ -4,13 +4,15 @@ The loop talks to one `Monitor`: it times the data, counts steps, and every `log
 steps logs the metrics below to the chosen logger and shows them as progress (a live bar on a
 terminal, one plain line per interval in a cluster log).
 
-    train/loss, train/lr, train/grad_norm, train/tokens_seen, train/epoch
-    throughput/tokens_per_second, .../tokens_per_second_per_device, .../samples_per_second,
-        .../samples_per_second_per_device, .../flops_per_token, .../tflops_per_second_per_device, .../mfu
+    train/loss, train/lr, train/grad_norm, train/<unit>s_seen, train/epoch
+    throughput/<unit>s_per_second, .../<unit>s_per_second_per_device, .../samples_per_second,
+        .../samples_per_second_per_device, .../flops_per_<unit>, .../tflops_per_second_per_device, .../mfu
     memory/peak_allocated_gib, memory/peak_reserved_gib (GPU), memory/host_peak_rss_gib (max over ranks)
     time/step_seconds, time/data_wait_seconds (per step, max over ranks), time/data_wait_fraction,
         time/checkpoint_save_seconds, time/validation_seconds
-    val/loss, val/perplexity
+    val/<name> for each of the task's validation figures (val/loss, val/perplexity for a language model)
+
+<unit> is what the task counts (token, image, ...); the FLOP and MFU figures need the task's FLOPs per unit.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from tqdm import tqdm
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.hardware import peak_tflops
+from {{ cookiecutter.package_name }}.planner.hardware import peak_tflops
 from {{ cookiecutter.package_name }}.recipe.checks import wandb_has_credentials
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
@@ -47,9 +49,9 @@ except ImportError:  # not on Windows: host memory is then not reported
 Item = TypeVar("Item")
 
 
-def model_flops_utilization(flops_per_token: float, tokens_per_second_per_device: float, peak: float) -> float:
+def model_flops_utilization(flops_per_unit: float, units_per_second_per_device: float, peak: float) -> float:
     """MFU: the model FLOP/s one device achieves as a fraction of its peak (given in TFLOP/s)."""
-    return flops_per_token * tokens_per_second_per_device / (peak * 1e12)
+    return flops_per_unit * units_per_second_per_device / (peak * 1e12)
 
 
 def wandb_offline() -> bool:
@@ -130,8 +132,8 @@ def upload_final_weights(loggers: list[Logger], checkpoints: Path) -> None:
     The artifact is named after the run (`model-<run id>`) and carries the step and the resolved recipe;
     offline runs keep it until `wandb sync`. Consolidating reads the whole model into host memory.
     """
-    from {{ cookiecutter.package_name }}.checkpoint import consolidate
-    from {{ cookiecutter.package_name }}.checkpoint_layout import find_latest, read_meta
+    from {{ cookiecutter.package_name }}.checkpoint.io import consolidate
+    from {{ cookiecutter.package_name }}.checkpoint.layout import find_latest, read_meta
 
     latest = find_latest(checkpoints)
     wandb_loggers: list[Any] = [logger for logger in loggers if type(logger).__name__ == "WandbLogger"]
@@ -181,14 +183,25 @@ def progress_line(step: int, max_steps: int, metrics: dict[str, float], eta_seco
         ("train/loss", "loss {:.4f}"),
         ("train/lr", "lr {:.2e}"),
         ("train/grad_norm", "grad_norm {:.3f}"),
-        ("throughput/tokens_per_second", "{:,.0f} tokens/s"),
-        ("throughput/mfu", "mfu {:.1%}"),
-        ("memory/peak_reserved_gib", "gpu mem {:.1f} GiB"),
     ]
     parts += [text.format(metrics[key]) for key, text in formats if key in metrics]
+    if rate := unit_rate(metrics):
+        parts.append(f"{rate[1]:,.0f} {rate[0]}/s")
+    parts += [text.format(metrics[key]) for key, text in MEMORY_FORMATS if key in metrics]
     if eta_seconds is not None:
         parts.append(f"eta {timedelta(seconds=round(eta_seconds))}")
     return " | ".join(parts)
+
+
+MEMORY_FORMATS = [("throughput/mfu", "mfu {:.1%}"), ("memory/peak_reserved_gib", "gpu mem {:.1f} GiB")]
+
+
+def unit_rate(metrics: dict[str, float]) -> tuple[str, float] | None:
+    """("tokens", value) of the first global `throughput/<unit>s_per_second` among the metrics (the task's unit)."""
+    for key, value in metrics.items():
+        if key.startswith("throughput/") and key.endswith("_per_second") and "flops" not in key:
+            return key.removeprefix("throughput/").removesuffix("_per_second"), value
+    return None
 
 
 class Progress:
@@ -211,8 +224,8 @@ class Progress:
     def report(self, step: int, metrics: dict[str, float], eta_seconds: float | None) -> None:
         """Show the metrics of a logging step: in the bar's postfix, or as one line."""
         if self.bar is not None:
-            loss, rate = metrics.get("train/loss", math.nan), metrics.get("throughput/tokens_per_second", 0.0)
-            self.bar.set_postfix_str(f"loss {loss:.4f}, {rate:,.0f} tokens/s", refresh=True)
+            loss, (unit, rate) = metrics.get("train/loss", math.nan), unit_rate(metrics) or ("samples", 0.0)
+            self.bar.set_postfix_str(f"loss {loss:.4f}, {rate:,.0f} {unit}/s", refresh=True)
         elif self.enabled:
             self.write(progress_line(step, self.max_steps, metrics, eta_seconds))
 
@@ -234,19 +247,30 @@ class Monitor:
 
     Every rank calls it (the loss and the memory are reduced across ranks at logging steps); only
     rank 0 logs and prints. Throughput is wall time between logging steps on rank 0, less the time
-    spent validating and saving, so those do not depress tokens/s.
+    spent validating and saving, so those do not depress it.
     """
 
     def __init__(
-        self, fabric: Fabric, recipe: Recipe, flops_per_token: int, start_step: int, samples_per_step: int
+        self,
+        fabric: Fabric,
+        recipe: Recipe,
+        start_step: int,
+        samples_per_step: int,
+        unit: str = "sample",
+        units_per_sample: int = 1,
+        flops_per_unit: float | None = None,
     ) -> None:
+        """`unit`, `units_per_sample`, `flops_per_unit`: the task's (tasks/base.py); None FLOPs: no MFU."""
         self.fabric, self.every = fabric, recipe.logger.log_every_steps
         self.max_steps, self.world_size = recipe.train.max_steps, fabric.world_size
-        self.samples_per_step, self.tokens_per_step = samples_per_step, samples_per_step * recipe.model.block_size
-        self.flops_per_token = flops_per_token
+        self.unit, self.samples_per_step = unit, samples_per_step
+        self.units_per_step = samples_per_step * units_per_sample
+        self.flops_per_unit = flops_per_unit
         self.progress = Progress(start_step, self.max_steps, enabled=fabric.global_rank == 0)
         self.peak = recipe.logger.peak_tflops
-        if self.peak is None and fabric.device.type == "cuda":
+        if flops_per_unit is None:
+            self.progress.write(f"MFU not reported: task={recipe.task} does not count its model's FLOPs")
+        elif self.peak is None and fabric.device.type == "cuda":
             device_name = torch.cuda.get_device_name(fabric.device)
             self.peak = peak_tflops(device_name, recipe.precision, torch.backends.cuda.matmul.allow_tf32)
             if self.peak is None:
@@ -278,7 +302,7 @@ class Monitor:
         loss: torch.Tensor,
         grad_norm: torch.Tensor | None,
         learning_rate: float,
-        tokens_seen: int,
+        units_seen: int,
         epoch: int,
     ) -> None:
         """Count a finished optimizer step; at logging steps reduce, log and show the metrics (all ranks call)."""
@@ -296,7 +320,7 @@ class Monitor:
         metrics: dict[str, float] = {
             "train/loss": cast(torch.Tensor, self.fabric.all_reduce(loss.detach(), reduce_op="mean")).item(),
             "train/lr": learning_rate,
-            "train/tokens_seen": float(tokens_seen),
+            f"train/{self.unit}s_seen": float(units_seen),
             "train/epoch": float(epoch),
             **self.throughput(steps, seconds),
             **dict(zip(local, worst.tolist(), strict=True)),
@@ -312,19 +336,20 @@ class Monitor:
         self._start_window(step)
 
     def throughput(self, steps: int, seconds: float) -> dict[str, float]:
-        """Tokens and samples per second (global and per device), model TFLOP/s per device and MFU."""
-        tokens_per_second = steps * self.tokens_per_step / seconds
-        per_device = tokens_per_second / self.world_size
+        """Units (tokens, images, ...) and samples per second (global and per device), model TFLOP/s per device, MFU."""
+        units_per_second = steps * self.units_per_step / seconds
+        per_device = units_per_second / self.world_size
         metrics = {
-            "throughput/tokens_per_second": tokens_per_second,
-            "throughput/tokens_per_second_per_device": per_device,
+            f"throughput/{self.unit}s_per_second": units_per_second,
+            f"throughput/{self.unit}s_per_second_per_device": per_device,
             "throughput/samples_per_second": steps * self.samples_per_step / seconds,
             "throughput/samples_per_second_per_device": steps * self.samples_per_step / seconds / self.world_size,
-            "throughput/flops_per_token": float(self.flops_per_token),
-            "throughput/tflops_per_second_per_device": self.flops_per_token * per_device / 1e12,
         }
-        if self.peak:
-            metrics["throughput/mfu"] = model_flops_utilization(self.flops_per_token, per_device, self.peak)
+        if self.flops_per_unit is not None:
+            metrics[f"throughput/flops_per_{self.unit}"] = float(self.flops_per_unit)
+            metrics["throughput/tflops_per_second_per_device"] = self.flops_per_unit * per_device / 1e12
+            if self.peak:
+                metrics["throughput/mfu"] = model_flops_utilization(self.flops_per_unit, per_device, self.peak)
         return metrics
 
     def log_skipped_update(self, step: int, skipped_updates: int) -> None:
@@ -335,12 +360,13 @@ class Monitor:
         )
         self.fabric.log_dict({"train/skipped_updates": float(skipped_updates)}, step=step)
 
-    def log_validation(self, step: int, loss: float, seconds: float) -> None:
-        """Log and show a validation result; its time does not count against throughput."""
+    def log_validation(self, step: int, results: dict[str, float], seconds: float) -> None:
+        """Log and show the task's validation figures; their time does not count against throughput."""
         self._excluded_seconds += seconds
-        metrics = {"val/loss": loss, "val/perplexity": math.exp(loss), "time/validation_seconds": seconds}
-        self.fabric.log_dict(metrics, step=step)
-        self.progress.write(f"step {step}/{self.max_steps} | val_loss {loss:.4f} | val_perplexity {math.exp(loss):.2f}")
+        metrics = {f"val/{name}": value for name, value in results.items()}
+        self.fabric.log_dict({**metrics, "time/validation_seconds": seconds}, step=step)
+        shown = " | ".join(f"val_{name} {value:.4f}" for name, value in results.items())
+        self.progress.write(f"step {step}/{self.max_steps} | {shown}")
 
     def log_checkpoint(self, step: int, path: Path, seconds: float) -> None:
         """Log how long a checkpoint took to save; its time does not count against throughput."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from {{ cookiecutter.package_name }}.precision import table_column
+
 
 @dataclass(frozen=True)
 class Gpu:
@@ -95,7 +97,6 @@ GPU_NAME_RULES = [
     ("V100", None, "V100 SXM"),
     ("MI300X", None, "MI300X"),
 ]
-PRECISION_COLUMN = {"bf16-mixed": "bf16", "bf16-true": "bf16", "16-mixed": "fp16", "16-true": "fp16"}
 # Rows of Lightning's table (lightning.fabric.utilities.throughput._CUDA_FLOPS) that are wrong for MFU:
 # H200 and H100 NVL list the sparse peaks (2000, 1700, 1979 bf16), and the H200 keys ("h200 sxm1")
 # never match the names torch reports; the GeForce RTX 30xx/40xx, RTX A6000, A40 and Titan RTX rows
@@ -139,12 +140,7 @@ def lightning_peak_tflops(device_name: str, column: str) -> float | None:
 def peak_tflops(device_name: str, precision: str, tf32: bool = False) -> float | None:
     """Dense peak TFLOP/s of one GPU at a recipe precision; None when neither table has the GPU at that precision."""
     row = gpu_model(device_name)
-    column = precision_column(precision, tf32)
+    column = table_column(precision, tf32)
     if row is not None:
         return GPUS[row].peaks.get(column)
     return lightning_peak_tflops(device_name, column)
-
-
-def precision_column(precision: str, tf32: bool = False) -> str:
-    """The column of the table a recipe precision computes in."""
-    return PRECISION_COLUMN.get(precision, "tf32" if tf32 else "fp32")

@@ -10,7 +10,7 @@ import numpy as np
 
 from {{ cookiecutter.package_name }}.data.prepared import ShardedTokens, open_prepared, read_manifest, verify
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.schema import DataConfig, ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.config import DataConfig, ModelConfig
 
 
 def make_demo_text(num_sentences: int = 6000, seed: int = 0) -> str:

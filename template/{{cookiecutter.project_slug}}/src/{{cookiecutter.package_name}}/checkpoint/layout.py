@@ -20,11 +20,10 @@ import yaml
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.tasks import task_for
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 META_FILE = "meta.json"
-# Model fields a resumed run may change: they do not change the shapes of the saved tensors.
-RESUMABLE_MODEL_CHANGES = ("dropout", "init_from")
 
 
 def checkpoint_root(recipe: Recipe) -> Path:
@@ -163,7 +162,8 @@ def check_same_model(path: Path, recipe: Recipe) -> None:
         return
     saved = (yaml.safe_load(saved_file.read_text()) or {}).get("model", {})
     current = recipe.to_dict()["model"]
-    compared = [key for key in current if key in saved and key not in RESUMABLE_MODEL_CHANGES]
+    resumable = task_for(recipe).resumable_model_changes()  # fields that do not change the saved tensors' shapes
+    compared = [key for key in current if key in saved and key not in resumable]
     differ = [
         f"model.{key}={saved[key]!r} there, {current[key]!r} here" for key in compared if saved[key] != current[key]
     ]

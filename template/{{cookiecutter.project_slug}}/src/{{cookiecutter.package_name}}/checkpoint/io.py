@@ -6,7 +6,7 @@ A checkpoint is a folder `<out_dir>/checkpoints/step-<step>/`:
                       one file under ddp)
   rng/rank-<r>.pt     torch / numpy / python (and CUDA) RNG states of every rank
   config.yaml         the resolved recipe
-  meta.json           step, tokens, strategy, world size, W&B run id, the size of every file; written last
+  meta.json           step, task, units seen, strategy, world size, W&B run id, the size of every file; written last
 It is written as `step-<step>.partial` and renamed once every rank has finished, so a folder with
 the final name is complete; one whose files do not match its meta.json is skipped with a warning.
 """
@@ -25,18 +25,18 @@ from typing import Any
 import torch
 from lightning.fabric import Fabric
 
-from {{ cookiecutter.package_name }}.checkpoint_layout import (
+from {{ cookiecutter.package_name }}.checkpoint.layout import (
     META_FILE,
     checkpoint_root,
     read_meta,
     remove_checkpoint,
     remove_old_checkpoints,
 )
-from {{ cookiecutter.package_name }}.faults import fault_point
+from {{ cookiecutter.package_name }}.checkpoint.rng import rng_state, set_rng_state
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.rng import rng_state, set_rng_state
 from {{ cookiecutter.package_name }}.strategies import strategy_class
+from {{ cookiecutter.package_name }}.training.faults import fault_point
 
 
 class Checkpointer:
@@ -83,7 +83,8 @@ class Checkpointer:
         torch.save(rng_state(), partial / "rng" / f"rank-{self.fabric.global_rank:05d}.pt")
         meta = {
             "step": step,
-            "tokens_seen": state["tokens_seen"],
+            "task": self.recipe.task,
+            "units_seen": state["units_seen"],  # tokens, images, ...: the task's unit
             "strategy": self.recipe.strategy.name,
             "world_size": self.fabric.world_size,
             "time": time.time(),

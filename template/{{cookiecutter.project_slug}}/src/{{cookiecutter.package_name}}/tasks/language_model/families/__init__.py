@@ -12,8 +12,8 @@ import torch
 from lightning.fabric.utilities.throughput import measure_flops
 from torch import nn
 
-from {{ cookiecutter.package_name }}.models import gpt, llama
-from {{ cookiecutter.package_name }}.recipe.schema import ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.families import gpt, llama
 
 FAMILIES: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {  # arch -> (model, block)
     "gpt": (gpt.GPT, gpt.Block),
@@ -24,11 +24,6 @@ FAMILIES: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {  # arch -> (mod
 def build_model(config: ModelConfig) -> nn.Module:
     """The model a config describes, on the current default device."""
     return FAMILIES[config.arch][0](config)
-
-
-def block_class(config: ModelConfig) -> type[nn.Module]:
-    """The class of the repeated block (FSDP1's wrap policy and checkpointing policy name it)."""
-    return FAMILIES[config.arch][1]
 
 
 def count_parameters(config: ModelConfig) -> int:

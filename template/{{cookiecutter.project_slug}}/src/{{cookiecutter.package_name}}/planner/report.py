@@ -1,45 +1,13 @@
-"""What `plan` prints, returns as JSON and writes as a recipe, and the reference shapes for a bare parameter count."""
+"""What `plan` prints, returns as JSON and writes as a recipe."""
 
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any
 
-from {{ cookiecutter.package_name }}.plan import GB, GIB, Candidate, Inputs, Plan, count, device_word
-from {{ cookiecutter.package_name }}.sizing import Shape, count_parameters
+from {{ cookiecutter.package_name }}.planner.plan import GB, GIB, Candidate, Inputs, Plan, count, device_word
 
 POWERS = {"GiB": "2^30", "MiB": "2^20", "KiB": "2^10", "B": "1"}
-
-# GPT-3 (Brown et al. 2020, table 2.1; 1.3 B with 16 heads so they divide the width), Llama-30B/70B
-# widths, and the 1 T model of Narayanan et al. 2021: the shape a bare parameter count is planned on.
-REFERENCE_SHAPES = (
-    (12, 768, 12),
-    (24, 1024, 16),
-    (24, 1536, 16),
-    (24, 2048, 16),
-    (32, 2560, 32),
-    (32, 4096, 32),
-    (40, 5120, 40),
-    (60, 6656, 52),
-    (80, 8192, 64),
-    (96, 12288, 96),
-    (128, 25600, 160),
-)
-
-
-def reference_model(parameters: float, vocab_size: int = 50304, block_size: int = 2048) -> dict[str, int]:
-    """The model fields of the reference shape whose parameter count is nearest (by ratio) to `parameters`."""
-
-    def fields(layers: int, width: int, heads: int) -> dict[str, int]:
-        return {"vocab_size": vocab_size, "block_size": block_size, "n_layer": layers, "n_embd": width, "n_head": heads}
-
-    def distance(candidate: dict[str, int]) -> float:
-        shape = Shape(candidate["vocab_size"], block_size, candidate["n_layer"], candidate["n_embd"],
-                      candidate["n_head"], candidate["n_head"], 4 * candidate["n_embd"])  # fmt: skip
-        return abs(math.log(count_parameters(shape) / parameters))
-
-    return min((fields(*shape) for shape in REFERENCE_SHAPES), key=distance)
 
 
 def library_recipe(candidate: Candidate, inputs: Inputs) -> str:
@@ -85,14 +53,14 @@ def written_recipe(base: dict[str, Any], model: dict[str, Any], result: Plan) ->
     return recipe
 
 
-def render(result: Plan, describe_model: str) -> str:
+def render(result: Plan) -> str:
     """The plan as a table and a recommendation, for a terminal."""
     inputs, word = result.inputs, device_word(result.inputs)
     largest = max(e.total for e in result.estimates)
     unit, scale = next(((u, s) for u, s in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)) if largest >= s), ("B", 1))
     gpu = inputs.gpu
     lines = [
-        f"model: {count(inputs.parameters)} parameters ({describe_model}), sequence {inputs.shape.sequence_length},"
+        f"model: {count(inputs.parameters)} parameters ({inputs.cost.describe()}),"
         f" micro batch {inputs.micro_batch}, precision {inputs.precision}, AdamW",
         f"layout: {inputs.devices} {word}({'es' if inputs.cpu else 's'}) x {inputs.num_nodes} node(s) = {inputs.world_size} ranks;"
         f" {gpu.name}: {gpu.memory_bytes / GIB:.1f} GiB = {gpu.memory_bytes / GB:.1f} GB per {word},"
@@ -173,7 +141,7 @@ def to_json(result: Plan) -> dict[str, Any]:
         "num_nodes": inputs.num_nodes,
         "device": {"name": inputs.gpu.name, "memory_bytes": inputs.gpu.memory_bytes, "usable_bytes": inputs.budget},
         "precision": inputs.precision,
-        "sequence_length": inputs.shape.sequence_length,
+        "model": inputs.cost.describe(),
         "micro_batch_size": inputs.micro_batch,
         "options": options,
         "recommended": recommended,

@@ -38,13 +38,13 @@ from typing import TYPE_CHECKING, Any
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.checkpoint_layout import checkpoint_root, find_latest
+from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_root, find_latest
+from {{ cookiecutter.package_name }}.cluster.preemption import SIGNALS, Preempted, Preemption
+from {{ cookiecutter.package_name }}.cluster.slurm import SIGNAL_SECONDS_BEFORE_LIMIT, add_job_options, check_job_options, gpus_per_node
 from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError, TrainingStopped, exit_process
-from {{ cookiecutter.package_name }}.preemption import SIGNALS, Preempted, Preemption
 from {{ cookiecutter.package_name }}.recipe.library import find_recipe
-from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, recipe_parser, split_command_line
+from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, split_command_line
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.slurm import SIGNAL_SECONDS_BEFORE_LIMIT, add_job_options, check_job_options, gpus_per_node
 
 if TYPE_CHECKING:
     from submitit import Executor, Job
@@ -85,9 +85,7 @@ def submit(argv: list[str], prog: str) -> None:
     if options.max_timeouts < 0:
         raise RecipeError(f"--max_timeouts={options.max_timeouts} must be >= 0")
     path = find_recipe(options.recipe)
-    recipe = parse_recipe(
-        ["--config", str(path), "--checkpoint.resume", "auto", *overrides], recipe_parser(f"{prog} submit")
-    )
+    recipe = parse_recipe(["--config", str(path), "--checkpoint.resume", "auto", *overrides], f"{prog} submit")
     if options.local and recipe.num_nodes > 1:
         raise RecipeError(
             f"submit --local runs the job on this machine, one node, but the recipe asks for num_nodes="
@@ -177,7 +175,7 @@ class Training:
             ranks.master_addr = "127.0.0.1"  # one machine, whatever its host name resolves to
             ranks.export(set_cuda_visible_devices=False, overwrite=True)
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        from {{ cookiecutter.package_name }}.train import train  # imports torch
+        from {{ cookiecutter.package_name }}.training.loop import train  # imports torch
 
         try:
             train(self.recipe, preemption)

@@ -1,7 +1,7 @@
 """`plan`: the memory, communication and step time of every strategy for a model on a cluster, and the one to pick.
 
-Torch-free: the numbers come from `sizing` (the ZeRO paper's model states, Korthikanti et al.'s
-activations, this project's own model), `hardware` (GPU memory, peak FLOP/s, links) and the strategy
+Torch-free: the numbers come from `precision` (the ZeRO paper's model states), the task's `ModelCost`
+(its parameters, activations and FLOPs: tasks/base.py), `hardware` (GPU memory, peak FLOP/s, links) and the strategy
 families (strategies/*.py `plan_options`): each declares its candidates (ZeRO stage, tensor parallel,
 offload, communication, library recipes, the reason it is chosen), the bytes its runtime adds, and the
 `strategy:` section that selects it. This module knows no strategy by name.
@@ -26,23 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from {{ cookiecutter.package_name }}.hardware import NVME_GB_S, PCIE_GB_S
+from {{ cookiecutter.package_name }}.planner.hardware import NVME_GB_S, PCIE_GB_S
+from {{ cookiecutter.package_name }}.precision import MIXED, States, zero_model_states
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.sizing import (
-    MIXED,
-    Activations,
-    Shape,
-    States,
-    activations,
-    count_parameters,
-    layer_activations,
-    layer_parameters,
-    model_shape,
-    training_flops_per_token,
-    zero_model_states,
-)
 from {{ cookiecutter.package_name }}.strategies import REGISTRY, PlanOption, TrainingStrategy
 from {{ cookiecutter.package_name }}.strategies.base import PlanSizes
+from {{ cookiecutter.package_name }}.tasks.base import Activations, ModelCost
 
 GIB, GB = 2**30, 1e9
 
@@ -95,7 +84,7 @@ class Device:
 class Inputs:
     """What the plan is asked about: a model, a layout, a device and its links."""
 
-    shape: Shape
+    cost: ModelCost  # the task's size formulas for its model
     parameters: int
     precision: str
     devices: int
@@ -152,15 +141,16 @@ class Plan:
 
 def plan_inputs(
     recipe: Any,
+    cost: ModelCost,
     parameters: int,
     gpu: Device,
     inter_node_gb_s: float,
     margin: float,
     host_memory_bytes: float | None = None,
 ) -> Inputs:
-    """The plan's inputs from a resolved `Recipe` (model, layout, precision, batch) and the hardware."""
+    """The plan's inputs from a resolved `Recipe` (layout, precision, batch), its task's `ModelCost` and the hardware."""
     return Inputs(
-        shape=model_shape(recipe.model),
+        cost=cost,
         parameters=parameters,
         precision=recipe.precision,
         devices=recipe.devices,
@@ -177,25 +167,26 @@ def plan_inputs(
 
 def unavailable(candidate: Candidate, inputs: Inputs) -> str | None:
     """Why a candidate cannot run the layout (the recipe checks would refuse it), or None."""
-    option, shape, t = candidate.option, inputs.shape, candidate.tensor_parallel
+    option, t = candidate.option, candidate.tensor_parallel
     if inputs.cpu and not option.runs_on_cpu:
         return f"{option.name} runs on GPUs only"
     if option.hybrid and inputs.num_nodes < 2:
         return f"{option.name} needs num_nodes >= 2"
-    if t > 1 and (inputs.devices % t or shape.n_head % t or shape.n_kv_head % t):
-        return f"tensor parallel {t} must divide devices={inputs.devices} and the heads"
+    problem = inputs.cost.tensor_parallel_problem(t) if t > 1 else None  # what of the model it fails to divide
+    if t > 1 and (inputs.devices % t or problem):
+        return f"tensor parallel {t} must divide devices={inputs.devices}" + (f" and {problem}" if problem else "")
     return None
 
 
 def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate:
     """Bytes, communication and step time of one candidate at one micro-batch size."""
-    shape, precision, option, t = inputs.shape, inputs.precision, candidate.option, candidate.tensor_parallel
-    scale = inputs.parameters / count_parameters(shape)  # a bare --parameters count on a reference shape
-    local = count_parameters(shape, t) * scale  # parameters on one tensor-parallel rank
-    layer = layer_parameters(shape, t) * scale
+    cost, precision, option, t = inputs.cost, inputs.precision, candidate.option, candidate.tensor_parallel
+    scale = inputs.parameters / cost.parameters()  # a bare --parameters count on a reference shape
+    local = cost.parameters(t) * scale  # parameters on one tensor-parallel rank
+    layer = cost.layer_parameters(t) * scale
     data_parallel = max(1, (inputs.devices if option.hybrid else inputs.world_size) // t)
     paper = zero_model_states(local, precision, option.stage, data_parallel)
-    sizes = PlanSizes(local, layer, local - shape.n_layer * layer, precision, data_parallel)
+    sizes = PlanSizes(local, layer, local - cost.n_layer * layer, precision, data_parallel)
     extra = candidate.strategy.plan_runtime_terms(option, sizes)
     offloaded = 0.0
     if option.offload != "none":  # the states (and what lives with the optimizer) leave the GPU, per node
@@ -204,7 +195,7 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
         extra = [term for term in extra if not term.with_optimizer]
     terms = tuple((term.label, term.bytes) for term in extra)
     sixteen_bit = option.sixteen_bit_module and precision in MIXED
-    acts = activations(shape, micro_batch, "bf16-true" if sixteen_bit else precision, t)
+    acts = cost.activations(micro_batch, "bf16-true" if sixteen_bit else precision, t)
     base = paper.total + sum(value for _, value in terms)
     checkpointing = base + acts.held > inputs.budget
     total = base + (acts.checkpointed_peak if checkpointing else acts.held)
@@ -221,16 +212,15 @@ def communication(
 ) -> tuple[float, float | None]:
     """(volume per device relative to ddp, lower bound on the seconds of one optimizer step).
 
-    Every candidate processes the same global batch: micro_batch x grad_accum sequences per device,
+    Every candidate processes the same global batch: micro_batch x grad_accum samples per device,
     so a tensor-parallel group of t devices runs t times as many micro-batches per data-parallel rank.
     Sharded parameters are gathered again for every micro-batch; the gradients of ddp and ZeRO 1-2
     are reduced once per step.
     """
-    shape, option, t, p = inputs.shape, candidate.option, candidate.tensor_parallel, inputs.parameters
+    cost, option, t, p = inputs.cost, candidate.option, candidate.tensor_parallel, inputs.parameters
 
     def elements(micro_batches: int) -> tuple[float, float]:
-        tokens = shape.sequence_length * micro_batch * micro_batches
-        tensor = 8 * shape.n_layer * tokens * shape.n_embd * (t - 1) / t  # 4 all-reduces per layer
+        tensor = cost.tensor_parallel_elements(micro_batch) * micro_batches * (t - 1) / t
         # Unsharded parameters: the gradients are reduced once per step; sharded: gathered for every micro-batch.
         data = option.comm_vs_ddp * 2 * local * (micro_batches if option.stage == 3 else 1)
         return data, tensor
@@ -245,8 +235,8 @@ def communication(
     collective_bytes = 2 if sixteen_bit or inputs.precision in ("bf16-true", "16-true") else 4
     if inputs.gpu.peak_tflops is None:
         return ratio, None
-    tokens = shape.sequence_length * micro_batch * inputs.grad_accum
-    flops = training_flops_per_token(shape) * (p / count_parameters(shape)) * tokens
+    samples = micro_batch * inputs.grad_accum
+    flops = cost.training_flops_per_sample() * (p / cost.parameters()) * samples
     compute = flops * (4 / 3 if checkpointing else 1) / (inputs.gpu.peak_tflops * 1e12)
     intra = inputs.gpu.intra_node_gb_s * GB
     across = min(intra, inputs.inter_node_gb_s * GB / inputs.devices) if inputs.num_nodes > 1 else intra
@@ -299,7 +289,7 @@ def reason(best: Estimate, inputs: Inputs, micro_batch: int) -> str:
         device_plural=device_word(inputs, plural=True),
         offloaded=size(best.offloaded),
         tensor_parallel=option.tensor_parallel,
-        layer_activations=size(layer_activations(inputs.shape, micro_batch, inputs.precision)),
+        layer_activations=size(inputs.cost.layer_activations(micro_batch, inputs.precision)),
     )
     how = "with activation checkpointing" if best.checkpointing else "without activation checkpointing"
     batch = f"micro batch {micro_batch}" + (
@@ -316,8 +306,8 @@ def nothing_fits(estimates: list[Estimate], inputs: Inputs) -> str:
     smallest = min((e for e in estimates if e.unavailable is None), key=lambda e: e.total)
     return (
         f"nothing fits: the smallest is {smallest.candidate.name} at {size(smallest.total)} per"
-        f" {device_word(inputs)} ({size(inputs.budget)} usable); add {device_word(inputs, plural=True)} or nodes, shorten the"
-        " sequence, or use GPUs with more memory"
+        f" {device_word(inputs)} ({size(inputs.budget)} usable); add {device_word(inputs, plural=True)} or nodes, make the"
+        " samples smaller (a shorter sequence, a smaller image), or use GPUs with more memory"
     )
 
 

@@ -1,18 +1,9 @@
-"""What a model costs to train, by formula and without torch: parameters, model states, activations, FLOPs.
+"""What the language model costs to train, by formula and without torch: parameters, activations, FLOPs.
 
-Everything here is arithmetic on a model's shape, so `plan` answers for a 1 T-parameter model in
-milliseconds on a laptop. Each formula names its source:
+Everything here is arithmetic on a decoder's shape (`Shape`, the task's `ModelCost` for `plan`), so `plan`
+answers for a 1 T-parameter model in milliseconds on a laptop. Each formula names its source:
 
-Model states (Rajbhandari et al. 2019, "ZeRO", section 3.1 and figure 1): mixed-precision Adam holds
-2 bytes of low-precision parameters, 2 of low-precision gradients and K = 12 of fp32 optimizer state
-(master weights, momentum, variance) per parameter. Stage 1 partitions the K part over the N_d
-data-parallel ranks, stage 2 also the gradients, stage 3 also the parameters:
-
-    stage 0 (ddp)  (2 + 2 + K) * P            stage 2  (2 + (2 + K) / N_d) * P
-    stage 1        (2 + 2 + K / N_d) * P      stage 3  (2 + 2 + K) * P / N_d
-
-fp32 training is the same with 4 + 4 + K, K = 8 (momentum and variance; the parameters are their own
-master copy); bf16-true with 2 + 2 + K, K = 4 (torch's AdamW keeps its moments in the parameters' dtype).
+Model states per precision and ZeRO stage are in precision.py (no model shape enters them).
 
 Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
 section 4): a transformer layer stores s*b*h*(34 + 5*a*s/h) bytes without recomputation (2-byte
@@ -44,12 +35,13 @@ rows, with no sequence parallelism: norms, residuals and the head stay whole on 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-MIXED = ("bf16-mixed", "16-mixed")
-HALF_TRUE = ("bf16-true", "16-true")
+from {{ cookiecutter.package_name }}.precision import HALF_TRUE, MIXED, activation_bytes
+from {{ cookiecutter.package_name }}.tasks.base import Activations
 
 
 @dataclass(frozen=True)
@@ -76,6 +68,34 @@ class Shape:
     @property
     def kv_width(self) -> int:
         return self.n_kv_head * self.head_dim
+
+    # --- the task's ModelCost (tasks/base.py): what `plan` asks ---------------------------------------
+
+    def parameters(self, tensor_parallel: int = 1) -> int:
+        return count_parameters(self, tensor_parallel)
+
+    def layer_parameters(self, tensor_parallel: int = 1) -> int:
+        return layer_parameters(self, tensor_parallel)
+
+    def tensor_parallel_problem(self, tensor_parallel: int) -> str | None:
+        return "the heads" if self.n_head % tensor_parallel or self.n_kv_head % tensor_parallel else None
+
+    def describe(self) -> str:
+        shape = f"n_layer={self.n_layer}, n_embd={self.n_embd}, n_head={self.n_head}, vocab_size={self.vocab_size}"
+        return f"{shape}, sequence {self.sequence_length}"
+
+    def activations(self, micro_batch: int, precision: str, tensor_parallel: int = 1) -> Activations:
+        return activations(self, micro_batch, precision, tensor_parallel)
+
+    def layer_activations(self, micro_batch: int, precision: str) -> float:
+        return layer_activations(self, micro_batch, precision)
+
+    def tensor_parallel_elements(self, micro_batch: int) -> float:
+        """Four all-reduces of s*b*h per layer per micro-batch (two in forward, two in backward)."""
+        return 8 * self.n_layer * self.sequence_length * micro_batch * self.n_embd
+
+    def training_flops_per_sample(self) -> float:
+        return training_flops_per_token(self) * self.sequence_length
 
 
 def gpt_shape(model: Any) -> Shape:
@@ -182,78 +202,40 @@ def llama_parameters(config: Mapping[str, Any]) -> int:
     return count_parameters(llama_shape(config))
 
 
-# --- model states (ZeRO) ------------------------------------------------------------------------
+# --- reference shapes: what `plan --parameters N` plans a bare count on ---------------------------
+
+# GPT-3 (Brown et al. 2020, table 2.1; 1.3 B with 16 heads so they divide the width), Llama-30B/70B
+# widths, and the 1 T model of Narayanan et al. 2021: the shape a bare parameter count is planned on.
+REFERENCE_SHAPES = (
+    (12, 768, 12),
+    (24, 1024, 16),
+    (24, 1536, 16),
+    (24, 2048, 16),
+    (32, 2560, 32),
+    (32, 4096, 32),
+    (40, 5120, 40),
+    (60, 6656, 52),
+    (80, 8192, 64),
+    (96, 12288, 96),
+    (128, 25600, 160),
+)
 
 
-@dataclass(frozen=True)
-class States:
-    """Bytes of parameters, gradients and optimizer state one device holds."""
+def reference_model(parameters: float, vocab_size: int = 50304, block_size: int = 2048) -> dict[str, int]:
+    """The model fields of the reference shape whose parameter count is nearest (by ratio) to `parameters`."""
 
-    parameters: float
-    gradients: float
-    optimizer: float
+    def fields(layers: int, width: int, heads: int) -> dict[str, int]:
+        return {"vocab_size": vocab_size, "block_size": block_size, "n_layer": layers, "n_embd": width, "n_head": heads}
 
-    @property
-    def total(self) -> float:
-        return self.parameters + self.gradients + self.optimizer
+    def distance(candidate: dict[str, int]) -> float:
+        shape = Shape(candidate["vocab_size"], block_size, candidate["n_layer"], candidate["n_embd"],
+                      candidate["n_head"], candidate["n_head"], 4 * candidate["n_embd"])  # fmt: skip
+        return abs(math.log(count_parameters(shape) / parameters))
 
-
-def bytes_per_parameter(precision: str) -> tuple[int, int, int]:
-    """(parameter, gradient, K optimizer) bytes per parameter in the ZeRO paper's terms."""
-    if precision in MIXED:
-        return 2, 2, 12
-    if precision in HALF_TRUE:
-        return 2, 2, 4
-    return 4, 4, 8
-
-
-def zero_model_states(parameters: float, precision: str, stage: int, data_parallel: int) -> States:
-    """Model states per device under ZeRO stage 0 (ddp) to 3 over `data_parallel` ranks, as in the paper."""
-    weight, grad, optim = bytes_per_parameter(precision)
-    return States(
-        parameters=weight * parameters / (data_parallel if stage >= 3 else 1),
-        gradients=grad * parameters / (data_parallel if stage >= 2 else 1),
-        optimizer=optim * parameters / (data_parallel if stage >= 1 else 1),
-    )
-
-
-def torch_model_states(parameters: float, precision: str, stage: int, data_parallel: int) -> States:
-    """What torch's AdamW under Fabric holds (ddp: stage 0, fully_shard: stage 3): the parameters are the master copy.
-
-    Under bf16-mixed the parameters and gradients stay fp32 and autocast computes in bf16, so the
-    16 bytes split 4 + 4 + 8 instead of the paper's 2 + 2 + 12; the total is the same.
-    """
-    weight, grad, optim = (2, 2, 4) if precision in HALF_TRUE else (4, 4, 8)
-    shard = data_parallel if stage == 3 else 1
-    return States(weight * parameters / shard, grad * parameters / shard, optim * parameters / shard)
+    return min((fields(*shape) for shape in REFERENCE_SHAPES), key=distance)
 
 
 # --- activations (Korthikanti et al. 2022) -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Activations:
-    """Activation bytes of one micro-batch on one device, without and with full activation checkpointing."""
-
-    paper: float  # Korthikanti et al.'s formula, no recomputation
-    paper_checkpointed: float  # the same with full recomputation
-    held: float  # this project's model: what autograd holds for backward at the end of forward
-    held_checkpointed: float  # the same with every layer checkpointed
-    recompute_peak: float  # one layer's activations, rebuilt while backward recomputes it
-
-    @property
-    def checkpointed_peak(self) -> float:
-        """Checkpointed activations at their peak: every layer's input plus one layer rebuilt."""
-        return self.held_checkpointed + self.recompute_peak
-
-
-def activation_bytes(precision: str) -> tuple[int, int]:
-    """(bytes of an activation in the compute dtype, bytes of the residual stream) under a precision."""
-    if precision in MIXED:
-        return 2, 4  # autocast computes matmuls in 16 bits; additions and norms stay fp32
-    if precision in HALF_TRUE:
-        return 2, 2
-    return 4, 4
 
 
 def layer_activations(shape: Shape, micro_batch: int, precision: str, tensor_parallel: int = 1) -> float:

@@ -1,0 +1,198 @@
+"""The workload seam: what a run trains and how it is measured.
+
+The machinery (the loop, the monitor, strategies, checkpoints, `plan`) asks a `Task` and never names
+what it trains. A task is a package under tasks/ holding its recipe sections, its model families,
+its data and its optional commands, plus one line in tasks/__init__.py's registry.
+
+The model a task builds follows one contract, which is what strategies shard, checkpoint and compile:
+    model.blocks                     an nn.ModuleList of the repeated block (FSDP's unit, activation
+                                     checkpointing's unit, torch.compile's unit)
+    model.tensor_parallel_plan()     {submodule path inside a block: ColwiseParallel() | RowwiseParallel()},
+                                     or {} when the model has no tensor-parallel plan
+    model.init_parameter(name, p)    initialise one parameter in place (meta-device and ZeRO-3 builds)
+
+Importing this module does not import torch (recipes are checked before torch loads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torchmetrics import Metric
+
+
+class Samples(Protocol):
+    """An indexable set of samples: what the exact-resume sampler (data/sampler.py) draws from."""
+
+    def __len__(self) -> int: ...
+
+    def batch(self, indices: Sequence[int]) -> Any:
+        """The micro-batch of these samples: a tensor or a tuple/dict of tensors, on the host."""
+        ...
+
+
+@dataclass(frozen=True)
+class Splits:
+    """A task's training and validation samples."""
+
+    train: Samples
+    validation: Samples
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Activation bytes of one micro-batch on one device, without and with full activation checkpointing."""
+
+    paper: float  # the published formula for the model's architecture, no recomputation
+    paper_checkpointed: float  # the same with full recomputation
+    held: float  # this project's model: what autograd holds for backward at the end of forward
+    held_checkpointed: float  # the same with every block checkpointed
+    recompute_peak: float  # one block's activations, rebuilt while backward recomputes it
+
+    @property
+    def checkpointed_peak(self) -> float:
+        """Checkpointed activations at their peak: every block's input plus one block rebuilt."""
+        return self.held_checkpointed + self.recompute_peak
+
+
+class ModelCost(Protocol):
+    """What `plan` asks of a model's size, by formula and without torch (planner/plan.py uses nothing else).
+
+    Sizes are per micro-batch of `micro_batch` samples; `tensor_parallel` is the number of ranks that
+    split each layer.
+    """
+
+    @property
+    def n_layer(self) -> int:
+        """Repeated blocks: the unit a sharded runtime gathers."""
+        ...
+
+    def parameters(self, tensor_parallel: int = 1) -> int:
+        """Parameters held by one tensor-parallel rank."""
+        ...
+
+    def layer_parameters(self, tensor_parallel: int = 1) -> int:
+        """Parameters of one block on one tensor-parallel rank."""
+        ...
+
+    def tensor_parallel_problem(self, tensor_parallel: int) -> str | None:
+        """What `tensor_parallel` fails to divide ("the heads"), or None when the model splits over that many ranks."""
+        ...
+
+    def describe(self) -> str:
+        """The shape in one line, for plan's header."""
+        ...
+
+    def activations(self, micro_batch: int, precision: str, tensor_parallel: int = 1) -> Activations:
+        """Activation bytes of one micro-batch."""
+        ...
+
+    def layer_activations(self, micro_batch: int, precision: str) -> float:
+        """Activation bytes one block holds for one micro-batch."""
+        ...
+
+    def tensor_parallel_elements(self, micro_batch: int) -> float:
+        """Elements all-reduced per micro-batch by tensor parallel, times (t - 1) / t (0 when it has none)."""
+        ...
+
+    def training_flops_per_sample(self) -> float:
+        """Model FLOPs of one forward and backward pass of one sample."""
+        ...
+
+
+class Task:
+    """A workload behind the interface the machinery uses; subclasses implement it.
+
+    Bound to a recipe, like a strategy: `self.recipe.model` and `self.recipe.data` are this task's
+    own sections (the dataclasses of `recipe_type`).
+    """
+
+    name: ClassVar[str]  # `task:` in a recipe
+    recipe_type: ClassVar[type[Recipe]]  # Recipe with this task's `model:` and `data:` sections
+    unit: ClassVar[str] = "sample"  # what throughput counts, singular: "token", "image"
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe: Any = recipe
+
+    # --- what a recipe may ask of it (no torch) -------------------------------------------------
+
+    def check(self) -> None:
+        """Refuse model and data settings that cannot run (raise RecipeError naming the field)."""
+
+    def tensor_parallel_dimensions(self) -> dict[str, int]:
+        """Recipe fields that tensor parallel must divide evenly ({"model.n_head": 8, ...}); {} when the
+        model has no tensor-parallel plan (then tensor parallel is refused)."""
+        return {}
+
+    def units_per_sample(self) -> int:
+        """Units (`unit`) in one sample: tokens in a sequence, 1 for an image."""
+        return 1
+
+    def model_cost(self) -> ModelCost | None:
+        """The model's size formulas for `plan`; None when the task has none (plan says it cannot tell)."""
+        return None
+
+    def describe(self) -> str | None:
+        """One line on the recipe's data for `recipes validate` (checking what is cheap to check), or None."""
+        return None
+
+    def reference_model(self, parameters: float) -> dict[str, Any] | None:
+        """model: fields of a reference shape with about `parameters` parameters (`plan --parameters`), or None."""
+        return None
+
+    def resumable_model_changes(self) -> frozenset[str]:
+        """model: fields a checkpoint may be resumed with changed (the rest must match the checkpoint)."""
+        return frozenset()
+
+    # --- what it does in a training process -----------------------------------------------------
+
+    def build_model(self) -> nn.Module:
+        """The model, on the current default device (the meta device when the strategy asks)."""
+        raise NotImplementedError
+
+    def block_class(self) -> type[nn.Module]:
+        """The class of the model's repeated block (FSDP1's wrap policy names it), read off a meta-device build."""
+        import torch
+
+        with torch.device("meta"):
+            blocks: Any = self.build_model().blocks
+        return type(blocks[0])
+
+    def pretrained_from(self) -> str | None:
+        """Where the weights a fresh run starts from come from (a folder, a hub name), or None for a random init."""
+        return None
+
+    def pretrained_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(parameter name, tensor) of those weights, one at a time (called only when `pretrained_from` names some)."""
+        raise NotImplementedError
+
+    def datasets(self) -> Splits:
+        """The training and validation samples the recipe's data section describes."""
+        raise NotImplementedError
+
+    def loss(self, model: Any, batch: Any) -> torch.Tensor:
+        """The mean training loss of a micro-batch (a scalar tensor)."""
+        raise NotImplementedError
+
+    def validation_metrics(self) -> dict[str, Metric]:
+        """Fresh torchmetrics for one validation pass, by name (logged as val/<name>; reduced across ranks)."""
+        raise NotImplementedError
+
+    def validation_step(self, model: Any, batch: Any, metrics: dict[str, Metric]) -> None:
+        """Update the validation metrics with one micro-batch (called under torch.no_grad, model in eval mode)."""
+        raise NotImplementedError
+
+    def validation_results(self, computed: dict[str, float]) -> dict[str, float]:
+        """The figures logged after a validation pass, from the computed metrics (add derived ones here)."""
+        return computed
+
+    def flops_per_unit(self) -> float | None:
+        """Model FLOPs of one forward and backward pass per unit (MFU); None when unknown."""
+        return None

@@ -1,0 +1,118 @@
+"""The language model's recipe sections: `model:` (a decoder-only transformer of one family) and `data:` (tokens).
+
+`LanguageModelRecipe` is the Recipe of `task: language_model`. No torch import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+
+
+@dataclass
+class ModelConfig:
+    """A decoder-only transformer; the defaults make a tiny model that trains on a laptop CPU.
+
+    Args:
+        arch: Model family: gpt (GPT-2-style: learned positions, LayerNorm, GELU MLP) or llama (rotary
+            positions, RMSNorm, SwiGLU MLP, grouped-query attention, no biases). families/ lists them.
+        vocab_size: Size of the token vocabulary (256 for the byte-level text data).
+        block_size: Context length in tokens.
+        n_layer: Number of transformer blocks.
+        n_head: Attention heads per block; must divide n_embd.
+        n_embd: Width of the residual stream.
+        mlp_ratio: Hidden width of the MLP as a multiple of n_embd (gpt only).
+        dropout: Dropout probability (0 for pre-training; gpt only).
+        bias: Whether linear and norm layers have a bias (gpt only).
+        n_kv_head: Key/value heads for grouped-query attention; must divide n_head; 0 means n_head
+            (ordinary multi-head attention). llama only.
+        intermediate_size: Hidden width of the SwiGLU MLP; 0 applies Llama's rule (8/3 x n_embd
+            rounded up to a multiple of 256). llama only.
+        rope_theta: Base of the rotary position angles (10000 in Llama 2, 500000 in Llama 3). llama only.
+        tie_embeddings: Share one matrix between the token embedding and the output head. llama only.
+        norm_eps: Epsilon of the RMSNorm layers. llama only.
+        init_from: A local Hugging Face Llama folder (config.json + safetensors) whose weights the run
+            starts from instead of a random init; its config must match this section. llama only.
+    """
+
+    arch: Literal["gpt", "llama"] = "gpt"
+    vocab_size: int = 256
+    block_size: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+    bias: bool = False
+    n_kv_head: int = 0
+    intermediate_size: int = 0
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+    norm_eps: float = 1e-5
+    init_from: str | None = None
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (n_head when n_kv_head is 0)."""
+        return self.n_kv_head or self.n_head
+
+    @property
+    def mlp_hidden_size(self) -> int:
+        """Hidden width of the MLP: gpt's mlp_ratio x n_embd; llama's intermediate_size or Llama's rule."""
+        if self.arch == "gpt":
+            return self.mlp_ratio * self.n_embd
+        if self.intermediate_size:
+            return self.intermediate_size
+        return -(-int(8 * self.n_embd / 3) // 256) * 256
+
+    def tensor_parallel_dimensions(self) -> dict[str, int]:
+        """Sizes that tensor parallel splits evenly over its ranks (attention heads and widths)."""
+        dimensions = {"n_head": self.n_head, "n_embd": self.n_embd}
+        if self.arch == "llama":
+            dimensions |= {"n_kv_head": self.kv_heads, "intermediate_size": self.mlp_hidden_size}
+        return dimensions
+
+
+# Fields of ModelConfig that only one model family reads; the task refuses them changed on another.
+ARCH_ONLY_FIELDS = {
+    "mlp_ratio": "gpt",
+    "dropout": "gpt",
+    "bias": "gpt",
+    "n_kv_head": "llama",
+    "intermediate_size": "llama",
+    "rope_theta": "llama",
+    "tie_embeddings": "llama",
+    "norm_eps": "llama",
+    "init_from": "llama",
+}
+
+
+@dataclass
+class DataConfig:
+    """Where the tokens come from.
+
+    Args:
+        source: embedded (a corpus made in code, offline, no download), text (a folder of .txt
+            files, byte-level tokens), tokens (a flat binary file of token ids, read by memory map)
+            or prepared (a folder written by `prepare`: token shards, tokenizer, manifest).
+        path: The folder (text, prepared) or file (tokens); unused for embedded.
+        token_dtype: Integer type of the token file (uint16 for vocabularies up to 65536); a
+            prepared folder states its own.
+        val_fraction: Fraction of the tokens held out, at the end, for validation; a prepared
+            folder brings its own split (`prepare --val-fraction`).
+    """
+
+    source: Literal["embedded", "text", "tokens", "prepared"] = "embedded"
+    path: str | None = None
+    token_dtype: Literal["uint16", "uint32"] = "uint16"
+    val_fraction: float = 0.1
+
+
+@dataclass
+class LanguageModelRecipe(Recipe):
+    """A recipe of `task: language_model`: the machinery's sections plus this task's model and data."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)

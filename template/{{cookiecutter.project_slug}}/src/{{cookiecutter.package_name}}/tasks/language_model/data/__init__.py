@@ -1,0 +1,10 @@
+"""The language model's data: token sources (embedded, text, tokens, prepared shards), `prepare`, tokenizers."""
+
+from {{ cookiecutter.package_name }}.tasks.language_model.data.sources import (
+    load_splits,
+    load_tokens,
+    make_demo_text,
+    split_tokens,
+)
+
+__all__ = ["load_splits", "load_tokens", "make_demo_text", "split_tokens"]

@@ -1,0 +1,146 @@
+"""The training loop: one loop for every recipe, from a laptop CPU to many GPU nodes.
+
+Run it through the CLI (`<project> train --config recipes/cpu-debug.yaml`) or as a script under a
+launcher (`fabric run ... src/<package>/train.py --config mine.yaml`, `torchrun ...`, `srun ...`).
+`run.setup` builds what the loop trains. The loop does not know what that is: it asks the task
+(tasks/) for the loss of a micro-batch and the validation metrics, and the strategy (strategies/) at
+the three places where strategies differ: no_backward_sync, clip_and_step and discard_gradients.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from lightning.fabric import Fabric
+
+from {{ cookiecutter.package_name }}.checkpoint.io import Checkpointer
+from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_root
+from {{ cookiecutter.package_name }}.cluster.preemption import Preemption
+from {{ cookiecutter.package_name }}.data.sampler import Batch
+from {{ cookiecutter.package_name }}.errors import run_command
+from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.tasks import Task
+from {{ cookiecutter.package_name }}.training.faults import fault_point, poison_loss
+from {{ cookiecutter.package_name }}.training.monitor import (
+    Monitor,
+    finish_loggers,
+    log_config,
+    logger_location,
+    upload_final_weights,
+)
+from {{ cookiecutter.package_name }}.training.run import setup
+from {{ cookiecutter.package_name }}.training.step_decision import Update, decide, nonfinite_loss_stop
+
+
+def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
+    """Train the model the recipe describes; resumes when the recipe says so.
+
+    `preemption`: the stop-signal catcher, when the caller installed it earlier (submit.py); else one from here on.
+    """
+    # SIGUSR1/SIGUSR2/SIGTERM: save at the next step boundary, requeue, exit. Caught before the set-up, so that
+    # a signal during it (loading a checkpoint can take minutes) stops the run at its first step.
+    preemption = preemption or Preemption()
+    run = setup(recipe)  # refuses a bad recipe, path or checkpoint before any process starts
+    fabric, task, strategy, model, optimizer, state = (
+        run.fabric,
+        run.task,
+        run.strategy,
+        run.model,
+        run.optimizer,
+        run.state,
+    )
+    log_config(fabric.loggers, recipe)
+
+    max_steps, accumulate = recipe.train.max_steps, recipe.train.grad_accum_steps
+    units_per_sample = task.units_per_sample()  # tokens, images, ...: what throughput counts
+    units_per_step = run.batches.global_batch_size * units_per_sample
+    monitor = Monitor(
+        fabric, recipe, state["step"], run.batches.global_batch_size, task.unit, units_per_sample, task.flops_per_unit()
+    )
+    checkpointer = Checkpointer(fabric, recipe)
+    decision = None
+    model.train()
+    while state["step"] < max_steps:
+        loss_sum = torch.zeros((), device=fabric.device)
+        for micro_step, batch in enumerate(monitor.timed(run.batches.iter_step())):
+            batch = fabric.to_device(batch)
+            # Gradients are synchronised only on the last micro-batch of the step.
+            with strategy.no_backward_sync(fabric, model, enabled=micro_step < accumulate - 1):
+                loss = task.loss(model, batch)
+                loss = poison_loss(loss, state["step"] + 1)  # NaN only under TRAIN_FAULT=nan-at-step
+                fabric.backward(loss / accumulate)
+            loss_sum += loss.detach()
+        # One all_reduce for what every rank decides together: a NaN/inf loss on some rank (every rank skips
+        # this update, or the run stops, as the recipe says), a stop signal, a time-based checkpoint.
+        decision = decide(
+            fabric, loss_sum, recipe.train.on_nonfinite_loss, preemption.received, checkpointer.time_is_up()
+        )
+        if decision.update is Update.STOP:
+            break
+        grad_norm = None
+        if decision.update is Update.APPLY:
+            grad_norm = strategy.clip_and_step(fabric, model, optimizer, max_norm=recipe.train.grad_clip)
+        else:  # skip: this step's gradients are dropped (zero_grad below, and what the strategy keeps besides)
+            strategy.discard_gradients(fabric)
+            state["skipped_updates"] += 1
+            monitor.log_skipped_update(state["step"] + 1, state["skipped_updates"])
+        run.scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        state["step"] += 1
+        state["units_seen"] += units_per_step
+        step = state["step"]
+        learning_rate = float(run.scheduler.get_last_lr()[0])
+        monitor.step_end(step, loss_sum / accumulate, grad_norm, learning_rate, state["units_seen"], run.batches.epoch)
+
+        every_eval = recipe.eval.every_steps
+        if every_eval and (step % every_eval == 0 or step == max_steps):
+            started = time.perf_counter()
+            results = validate(fabric, task, model, run.val_batches)
+            monitor.log_validation(step, results, seconds=time.perf_counter() - started)
+        checkpointer.poll()
+        if checkpointer.due(step, decision.save_due) or decision.preempted:
+            seconds = checkpointer.save(state)
+            monitor.log_checkpoint(step, checkpointer.root / f"step-{step:08d}", seconds=seconds)
+        fault_point("step-end", step, recipe.out_dir)  # only under TRAIN_FAULT (tests)
+        if decision.preempted:
+            break
+
+    checkpointer.wait()
+    monitor.close()
+    stopped_early = decision is not None and (decision.update is Update.STOP or decision.preempted)
+    fabric.print(
+        f"{'Stopped' if stopped_early else 'Done'} at step {state['step']}. Checkpoints: {checkpoint_root(recipe)}"
+    )
+    if fabric.global_rank == 0:
+        fabric.print(f"Logs: {logger_location(recipe, fabric.loggers)}")
+        if recipe.logger.upload_final_weights and not stopped_early:
+            upload_final_weights(fabric.loggers, checkpoint_root(recipe))
+    finish_loggers(fabric.loggers)
+    if decision is not None and decision.update is Update.STOP:
+        raise nonfinite_loss_stop(state["step"] + 1, report=fabric.global_rank == 0)
+    if decision is not None and decision.preempted:
+        raise preemption.requeue(state["step"], decision.stop_signal, fabric.global_rank)
+
+
+@torch.no_grad()
+def validate(fabric: Fabric, task: Task, model: torch.nn.Module, batches: list[Batch]) -> dict[str, float]:
+    """The task's validation metrics over all ranks' batches (val/loss, and what else the task measures)."""
+    model.eval()
+    metrics = {name: metric.to(fabric.device) for name, metric in task.validation_metrics().items()}
+    for batch in batches:
+        task.validation_step(model, fabric.to_device(batch), metrics)
+    model.train()
+    return task.validation_results({name: float(metric.compute()) for name, metric in metrics.items()})  # all ranks
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Script entry point for launchers: `train.py --config recipe.yaml [--key.sub value ...]`."""
+    arguments = sys.argv[1:] if argv is None else argv
+    run_command(lambda: train(parse_recipe(arguments, "train.py")))
+
+
+if __name__ == "__main__":
+    main()
