@@ -336,7 +336,7 @@ def test_an_older_complete_checkpoint_is_used_and_the_newer_damaged_one_named(tm
     fake_checkpoint(tmp_path / "run", 8, {}, damaged=True)
     recipe = parse_recipe(["--config", str(RECIPES / "cpu-debug.yaml"), "--out_dir", str(tmp_path / "run")])
     script = (
-        f"from {PACKAGE}.checkpoint_layout import resolve_resume\n"
+        f"from {PACKAGE}.checkpoint.layout import resolve_resume\n"
         f"from {PACKAGE}.recipe.load import parse_recipe\n"
         f"print(resolve_resume(parse_recipe(['--config', {str(RECIPES / 'cpu-debug.yaml')!r}, '--out_dir', {str(tmp_path / 'run')!r}])))"
     )

@@ -26,7 +26,7 @@ import torch, torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from {package}.errors import exit_process
 from {package}.recipe.load import parse_recipe
-from {package}.run import setup
+from {package}.training.run import setup
 
 run = setup(parse_recipe(sys.argv[1:]))
 report = dict(block_weights=[], block_inputs=[])

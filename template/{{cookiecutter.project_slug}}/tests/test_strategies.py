@@ -119,9 +119,9 @@ import json, sys
 from pathlib import Path
 import torch, torch.nn.functional as F
 from {package}.errors import exit_process
-from {package}.observe import local_training_state_bytes
+from {package}.training.monitor import local_training_state_bytes
 from {package}.recipe.load import parse_recipe
-from {package}.run import setup
+from {package}.training.run import setup
 
 run = setup(parse_recipe(sys.argv[1:]))
 tokens = torch.randint(0, run.recipe.model.vocab_size, (2, run.recipe.model.block_size))
