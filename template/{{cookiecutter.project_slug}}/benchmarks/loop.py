@@ -108,7 +108,7 @@ def handwritten_loop(args: argparse.Namespace, compile_blocks: bool) -> tuple[fl
     import torch
     import torch.nn.functional as F
 
-    from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt import GPT
+    from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt.model import GPT
     from {{ cookiecutter.package_name }}.training.optim import build_optimizer, build_scheduler
 
     recipe = recipe_for(args, compile_blocks, tempfile.gettempdir())

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from {{ cookiecutter.package_name }}.data.prepared import open_prepared
 from {{ cookiecutter.package_name }}.data.sampler import TrainBatches
 from {{ cookiecutter.package_name }}.tasks.language_model.data.prepare import prepare
+from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import open_prepared
 from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import train_byte_level_bpe
 from {{ cookiecutter.package_name }}.tasks.language_model.data.windows import TokenWindows
 

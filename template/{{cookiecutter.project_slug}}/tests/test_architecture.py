@@ -1,16 +1,24 @@
-"""The package's shape: imports flow one way, only strategies/ knows strategies, modules stay small."""
+"""The package's shape: imports flow one way, only strategies/ knows strategies, only tasks/ knows the workload,
+the README's layout lists every top-level module, modules stay small."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
+import torch
 from helpers import PACKAGE, PROJECT
 
 from {{ cookiecutter.package_name }}.strategies import REGISTRY
 
 SOURCE = PROJECT / "src" / PACKAGE
 FABRIC_STRATEGY_CLASSES = {"DDPStrategy", "FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy", "ModelParallel"}
+# Names of one workload: what the machinery must ask a task for instead of naming it.
+WORKLOAD_NAMES = re.compile(r"token|vocab|block_size|perplexity", re.IGNORECASE)
+LOSS_FUNCTIONS = {
+    name for name in dir(torch.nn.functional) if name.endswith(("_loss", "cross_entropy", "kl_div"))
+} | set(torch.nn.modules.loss.__all__)
 
 
 def module_name(path: Path) -> str:
@@ -69,8 +77,62 @@ def test_only_strategies_and_the_schema_name_a_strategy_or_a_fabric_strategy_cla
     assert not offenders, "a strategy is decided outside strategies/: " + ", ".join(offenders)
 
 
+def identifiers(path: Path) -> list[tuple[int, str]]:
+    """(line, name) of every name a file defines, reads, imports or passes as a keyword (not its strings)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str | None] = []
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.arg):
+            names = [node.arg]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names = [node.name]
+        elif isinstance(node, ast.keyword):
+            names = [node.arg]
+        elif isinstance(node, ast.alias):
+            names = [node.name.rsplit(".", 1)[-1], node.asname]
+        found += [(getattr(node, "lineno", 0), name) for name in names if name]
+    return found
+
+
+def test_only_tasks_name_a_workload_or_a_loss() -> None:
+    offenders = [
+        f"{path.relative_to(SOURCE)}:{line} {name}"
+        for path in sorted(SOURCE.rglob("*.py"))
+        if path.relative_to(SOURCE).parts[0] != "tasks"
+        for line, name in identifiers(path)
+        if WORKLOAD_NAMES.search(name) or name in LOSS_FUNCTIONS
+    ]
+    assert not offenders, "the workload is named outside tasks/: " + ", ".join(offenders)
+
+
+def test_the_workload_check_finds_a_loss_and_a_token_name(tmp_path: Path) -> None:
+    sample = tmp_path / "loop.py"
+    sample.write_text("import torch.nn.functional as F\nloss = F.cross_entropy(logits, targets)\nblock_size = 4\n")
+    named = {name for _, name in identifiers(sample)}
+    assert "cross_entropy" in named & LOSS_FUNCTIONS and any(WORKLOAD_NAMES.search(name) for name in named)
+
+
+def readme_layout() -> set[str]:
+    """The top-level entries of the package the README's layout drawing lists (`  name.py` or `  name/`)."""
+    readme = (PROJECT / "README.md").read_text()
+    drawing = readme.split("src/{{ cookiecutter.package_name }}/\n", 1)[1].split("```", 1)[0]
+    return {match.rstrip("/") for match in re.findall(r"^  ([\w.]+/?)", drawing, flags=re.MULTILINE)}
+
+
+def test_every_top_level_module_of_the_package_is_in_the_readmes_layout() -> None:
+    top_level = {path.name for path in SOURCE.iterdir() if path.suffix == ".py" and path.name != "__init__.py"}
+    top_level |= {path.name for path in SOURCE.iterdir() if (path / "__init__.py").is_file()}
+    listed = readme_layout()
+    assert top_level - listed == set(), "not in the README's layout"
+    assert listed - top_level == set(), "in the README's layout but not in the package"
+
+
 def test_the_loop_reads_in_one_sitting_and_no_module_grows_past_400_lines() -> None:
-    assert len((SOURCE / "train.py").read_text().splitlines()) <= 250
+    assert len((SOURCE / "training" / "loop.py").read_text().splitlines()) <= 250
     too_long = {
         str(path.relative_to(SOURCE)): lines
         for path in SOURCE.rglob("*.py")

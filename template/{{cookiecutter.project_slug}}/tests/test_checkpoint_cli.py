@@ -13,7 +13,7 @@ from helpers import read_csv_metrics, run_cli, train_args
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
-from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt import GPT
+from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt.model import GPT
 
 
 @pytest.fixture(scope="module")

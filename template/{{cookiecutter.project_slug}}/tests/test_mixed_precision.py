@@ -12,7 +12,8 @@ import pytest
 from helpers import PACKAGE, assert_same_losses, cli_env, recipe_args, run_cli, train_args, train_losses
 
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
-from {{ cookiecutter.package_name }}.tasks.language_model.sizing import activations, gpt_shape
+from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt.sizing import shape as gpt_shape
+from {{ cookiecutter.package_name }}.tasks.language_model.sizing import activations
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
 from {{ cookiecutter.package_name }}.tasks.language_model.families import build_model, count_parameters, training_flops_per_token
-from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt import GPT
+from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt.model import GPT
 
 TINY = ModelConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32)
 

@@ -21,7 +21,7 @@ from {{ cookiecutter.package_name }}.tasks import task_for
 from {{ cookiecutter.package_name }}.tasks.language_model.config import LanguageModelRecipe as Recipe
 from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
 from {{ cookiecutter.package_name }}.tasks.language_model.families import training_flops_per_token
-from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt import GPT
+from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt.model import GPT
 from {{ cookiecutter.package_name }}.training.monitor import (
     Monitor,
     Progress,

@@ -19,7 +19,8 @@ from {{ cookiecutter.package_name }}.planner.hardware import INTERCONNECTS
 from {{ cookiecutter.package_name }}.planner.plan import CANDIDATES, Plan, estimate, plan, plan_inputs
 from {{ cookiecutter.package_name }}.planner.report import written_recipe
 from {{ cookiecutter.package_name }}.recipe.load import load_recipe
-from {{ cookiecutter.package_name }}.tasks.language_model.sizing import gpt_parameters, model_shape
+from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt.sizing import gpt_parameters
+from {{ cookiecutter.package_name }}.tasks.language_model.sizing import model_shape
 
 STRATEGIES = [
     "ddp",

@@ -18,13 +18,13 @@ from corpus import write_corpus
 from helpers import PACKAGE, RECIPES, cli_env, run_cli, train_args
 from tokenizers import Tokenizer
 
-from {{ cookiecutter.package_name }}.data.prepared import ShardedTokens, open_prepared
 from {{ cookiecutter.package_name }}.data.sampler import TrainBatches
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe, load_recipe
 from {{ cookiecutter.package_name }}.tasks.language_model.config import DataConfig, ModelConfig
 from {{ cookiecutter.package_name }}.tasks.language_model.data import load_splits
 from {{ cookiecutter.package_name }}.tasks.language_model.data.prepare import prepare
+from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import ShardedTokens, open_prepared
 from {{ cookiecutter.package_name }}.tasks.language_model.data.windows import TokenWindows
 
 SHARD_TOKENS = 1000  # several shards, so sequences cross shard boundaries

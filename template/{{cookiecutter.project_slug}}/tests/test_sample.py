@@ -12,7 +12,7 @@ from helpers import RECIPES, run_cli
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe, load_recipe
 from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
-from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt import GPT
+from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt.model import GPT
 from {{ cookiecutter.package_name }}.tasks.language_model.sample import sample
 
 

@@ -11,15 +11,11 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from {{ cookiecutter.package_name }}.precision import zero_model_states
 from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
 from {{ cookiecutter.package_name }}.tasks.language_model.families import count_parameters, training_flops_per_token
-from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt import GPT
-from {{ cookiecutter.package_name }}.tasks.language_model.sizing import (
-    activations,
-    gpt_parameters,
-    gpt_shape,
-    llama_parameters,
-    model_parameters,
-    model_shape,
-)
+from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt.model import GPT
+from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt.sizing import gpt_parameters
+from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt.sizing import shape as gpt_shape
+from {{ cookiecutter.package_name }}.tasks.language_model.families.llama.sizing import llama_parameters
+from {{ cookiecutter.package_name }}.tasks.language_model.sizing import activations, model_parameters, model_shape
 from {{ cookiecutter.package_name }}.tasks.language_model.sizing import training_flops_per_token as flops_by_formula
 
 SHAPES = [

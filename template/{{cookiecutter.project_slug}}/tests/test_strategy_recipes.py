@@ -23,7 +23,7 @@ from {{ cookiecutter.package_name }}.recipe.load import load_recipe, parse_recip
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.strategies import strategy_for
 from {{ cookiecutter.package_name }}.strategies.base import prepare_blocks
-from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt import GPT, Block
+from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt.model import GPT, Block
 from {{ cookiecutter.package_name }}.training.run import build_fabric
 
 

@@ -77,13 +77,13 @@ def split_command_line(
     overrides: list[str] = []
     rest = argv[1:] if name else argv
     while rest:
-        token, rest = rest[0], rest[1:]
-        if token.split("=")[0] in value_options and "=" not in token and rest:
-            own, rest = [*own, token, rest[0]], rest[1:]
-        elif token.split("=")[0] in (*value_options, *switches, "-h", "--help"):
-            own.append(token)
+        word, rest = rest[0], rest[1:]
+        if word.split("=")[0] in value_options and "=" not in word and rest:
+            own, rest = [*own, word, rest[0]], rest[1:]
+        elif word.split("=")[0] in (*value_options, *switches, "-h", "--help"):
+            own.append(word)
         else:
-            overrides.append(token)
+            overrides.append(word)
     return name, own, overrides
 
 

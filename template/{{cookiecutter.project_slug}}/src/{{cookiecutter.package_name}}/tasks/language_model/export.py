@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_recipe, read_meta
-from {{ cookiecutter.package_name }}.data.prepared import MANIFEST, TOKENIZER
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.strategies import strategy_class
+from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import MANIFEST, TOKENIZER
 from {{ cookiecutter.package_name }}.tasks.language_model.hf import CONFIG, INDEX, SINGLE_FILE, export_problem, hf_config, hf_tensors
 
 DEFAULT_SHARD_BYTES = 5 * 10**9  # what transformers' save_pretrained writes per file by default

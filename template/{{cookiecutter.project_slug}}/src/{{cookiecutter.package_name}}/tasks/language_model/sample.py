@@ -59,7 +59,7 @@ def text_codec(recipe: Recipe) -> tuple[Callable[[str], list[int]], Callable[[li
     if recipe.data.source in ("embedded", "text"):
         return (lambda text: list(text.encode("utf-8"))), _decode_bytes, None
     if recipe.data.source == "prepared":
-        from {{ cookiecutter.package_name }}.data.prepared import TOKENIZER, read_manifest
+        from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import TOKENIZER, read_manifest
         from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import load_tokenizer
 
         folder = Path(recipe.data.path or "")

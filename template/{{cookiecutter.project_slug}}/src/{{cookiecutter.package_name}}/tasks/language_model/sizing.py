@@ -36,12 +36,12 @@ rows, with no sequence parallelism: norms, residuals and the head stay whole on 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from {{ cookiecutter.package_name }}.precision import HALF_TRUE, MIXED, activation_bytes
 from {{ cookiecutter.package_name }}.tasks.base import Activations
+from {{ cookiecutter.package_name }}.tasks.language_model.families import family_part
 
 
 @dataclass(frozen=True)
@@ -98,57 +98,9 @@ class Shape:
         return training_flops_per_token(self) * self.sequence_length
 
 
-def gpt_shape(model: Any) -> Shape:
-    """The shape of this project's GPT for a `ModelConfig` (attributes vocab_size, block_size, ...)."""
-    return Shape(
-        vocab_size=model.vocab_size,
-        sequence_length=model.block_size,
-        n_layer=model.n_layer,
-        n_embd=model.n_embd,
-        n_head=model.n_head,
-        n_kv_head=model.n_head,
-        ffn_hidden=model.mlp_ratio * model.n_embd,
-        bias=model.bias,
-        norm_has_bias=model.bias,
-    )
-
-
-def llama_shape(config: Mapping[str, Any]) -> Shape:
-    """The shape of a Llama-style decoder: RMSNorm, SwiGLU, grouped-query attention, rotary positions, no biases.
-
-    `config` holds vocab_size, block_size, n_layer, n_embd, n_head, n_kv_head, intermediate_size and
-    optionally tie_embeddings (default false).
-    """
-    return Shape(
-        vocab_size=config["vocab_size"],
-        sequence_length=config["block_size"],
-        n_layer=config["n_layer"],
-        n_embd=config["n_embd"],
-        n_head=config["n_head"],
-        n_kv_head=config["n_kv_head"],
-        ffn_hidden=config["intermediate_size"],
-        gated_mlp=True,
-        learned_positions=False,
-        tied_embeddings=config.get("tie_embeddings", False),
-    )
-
-
 def model_shape(model: Any) -> Shape:
-    """The shape of the model a `ModelConfig` describes, whichever its family (`model.arch`)."""
-    if model.arch == "llama":
-        return llama_shape(
-            {
-                "vocab_size": model.vocab_size,
-                "block_size": model.block_size,
-                "n_layer": model.n_layer,
-                "n_embd": model.n_embd,
-                "n_head": model.n_head,
-                "n_kv_head": model.kv_heads,
-                "intermediate_size": model.mlp_hidden_size,
-                "tie_embeddings": model.tie_embeddings,
-            }
-        )
-    return gpt_shape(model)
+    """The shape of the model a `ModelConfig` describes, from its family (families/<arch>/sizing.py)."""
+    return family_part(model.arch, "sizing").shape(model)
 
 
 def layer_linear_parameters(shape: Shape) -> tuple[int, int]:
@@ -187,19 +139,9 @@ def count_parameters(shape: Shape, tensor_parallel: int = 1) -> int:
     return embeddings + positions + layers + norm_parameters(shape) + head
 
 
-def gpt_parameters(model: Any) -> int:
-    """Parameters of this project's GPT for a `ModelConfig`: equals `models.count_parameters`, without torch."""
-    return count_parameters(gpt_shape(model))
-
-
 def model_parameters(model: Any) -> int:
     """Parameters of the model a `ModelConfig` describes: equals `models.count_parameters`, without torch."""
     return count_parameters(model_shape(model))
-
-
-def llama_parameters(config: Mapping[str, Any]) -> int:
-    """Parameters of a Llama-style decoder described by a config dict (see `llama_shape`)."""
-    return count_parameters(llama_shape(config))
 
 
 # --- reference shapes: what `plan --parameters N` plans a bare count on ---------------------------

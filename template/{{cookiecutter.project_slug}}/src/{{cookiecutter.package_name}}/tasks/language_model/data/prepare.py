@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from {{ cookiecutter.package_name }}.data.prepared import (
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import (
     FORMAT,
     MANIFEST,
     TOKENIZER,
@@ -42,7 +43,6 @@ from {{ cookiecutter.package_name }}.data.prepared import (
     count_token,
     validation_boundary,
 )
-from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import eos_id, load_tokenizer, train_byte_level_bpe, vocab_size
 
 FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".parquet": "parquet"}

@@ -8,9 +8,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from {{ cookiecutter.package_name }}.data.prepared import ShardedTokens, open_prepared, read_manifest, verify
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.language_model.config import DataConfig, ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import ShardedTokens, open_prepared, read_manifest, verify
 
 
 def make_demo_text(num_sentences: int = 6000, seed: int = 0) -> str:

@@ -1,33 +1,42 @@
 """The model families by name: `model.arch` in a recipe selects one.
 
-Each family's module carries its own parallel facts, so strategies never need to know it: the model
-exposes `blocks` (the repeated block that FSDP shards, activation checkpointing recomputes and
-torch.compile compiles), `tensor_parallel_plan()` (how one block is split), `reset_parameters()` and
-`init_parameter(name, param)` (its init, for meta-device and ZeRO-3 builds).
+A family is a folder: model.py (the torch module), hf.py (its Hugging Face layout) and sizing.py (its
+shape for the size formulas `plan` uses); hf.py and sizing.py import no torch. Each model carries its
+own parallel facts, so strategies never need to know it (tasks/base.py's model contract): `blocks`
+(the repeated block that FSDP shards, activation checkpointing recomputes and torch.compile compiles),
+`tensor_parallel_plan()` (how one block is split) and `init_parameter(name, param)` (its init, for
+meta-device and ZeRO-3 builds). A new family is a folder here and a line in FAMILIES.
 """
 
 from __future__ import annotations
 
-import torch
-from lightning.fabric.utilities.throughput import measure_flops
-from torch import nn
+from importlib import import_module
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
-from {{ cookiecutter.package_name }}.tasks.language_model.families import gpt, llama
 
-FAMILIES: dict[str, tuple[type[nn.Module], type[nn.Module]]] = {  # arch -> (model, block)
-    "gpt": (gpt.GPT, gpt.Block),
-    "llama": (llama.Llama, llama.Block),
-}
+if TYPE_CHECKING:
+    from torch import nn
+
+FAMILIES = {"gpt": "GPT", "llama": "Llama"}  # model.arch -> the class in families/<arch>/model.py
+
+
+def family_part(arch: str, part: str) -> ModuleType:
+    """families/<arch>/<part>.py: model (torch), hf (the Hugging Face layout) or sizing (the shape)."""
+    return import_module(f"{__name__}.{arch}.{part}")
 
 
 def build_model(config: ModelConfig) -> nn.Module:
     """The model a config describes, on the current default device."""
-    return FAMILIES[config.arch][0](config)
+    model_class: type[nn.Module] = getattr(family_part(config.arch, "model"), FAMILIES[config.arch])
+    return model_class(config)
 
 
 def count_parameters(config: ModelConfig) -> int:
     """Number of parameters of the model a config describes, without building it."""
+    import torch
+
     with torch.device("meta"):
         return sum(p.numel() for p in build_model(config).parameters())
 
@@ -40,6 +49,9 @@ def training_flops_per_token(config: ModelConfig) -> int:
     usual 6 * (matmul parameters) + 12 * n_layer * n_embd * block_size for the GPT and the Llama (grouped-query
     attention shares keys and values, not the attention matmuls: every query head still attends).
     """
+    import torch
+    from lightning.fabric.utilities.throughput import measure_flops
+
     with torch.device("meta"):
         model = build_model(config)
         tokens = torch.zeros(1, config.block_size, dtype=torch.long)

@@ -1,0 +1,1 @@
+"""The Llama-style family: model.py (the module), hf.py (its Hugging Face layout), sizing.py (its shape for plan)."""
