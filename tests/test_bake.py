@@ -40,13 +40,20 @@ def assert_ruff_clean(project: Path) -> None:
 def test_default_answers_give_the_documented_layout(default_project: Path) -> None:
     assert default_project.name == "my-project"
     package = default_project / "src" / "my_project"
-    modules = {"cli", "errors", "run", "train", "optim", "checkpoint", "observe", "step_decision", "sample"}
+    modules = {"cli", "errors", "precision", "train"}
     assert modules <= {p.stem for p in package.glob("*.py")}
     for subpackage, members in {
         "recipe": {"schema", "load", "checks", "library"},
-        "strategies": {"base", "ddp", "model_parallel", "fsdp1", "deepspeed"},
-        "models": {"gpt"},
-        "data": {"sources", "sampler", "prepared", "prepare", "tokenizer"},
+        "tasks": {"base"},
+        "tasks/language_model": {"task", "config", "sizing", "hf", "export", "sample"},
+        "tasks/language_model/families/gpt": {"model", "hf", "sizing"},
+        "tasks/language_model/data": {"sources", "windows", "prepared", "prepare", "tokenizer"},
+        "strategies": {"base", "ddp", "fsdp2", "fsdp", "deepspeed"},
+        "training": {"run", "loop", "optim", "step_decision", "monitor"},
+        "data": {"sampler"},
+        "checkpoint": {"layout", "io", "rng"},
+        "planner": {"plan", "report", "hardware"},
+        "cluster": {"launchers", "preemption", "slurm", "submit"},
     }.items():
         assert members <= {p.stem for p in (package / subpackage).glob("*.py")}, subpackage
     for extra in (

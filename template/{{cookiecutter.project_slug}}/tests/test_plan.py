@@ -14,7 +14,7 @@ import yaml
 from helpers import RECIPES, cli_env
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.commands import plan_device
+from {{ cookiecutter.package_name }}.commands.plan import plan_device
 from {{ cookiecutter.package_name }}.planner.hardware import INTERCONNECTS
 from {{ cookiecutter.package_name }}.planner.plan import CANDIDATES, Plan, estimate, plan, plan_inputs
 from {{ cookiecutter.package_name }}.planner.report import written_recipe

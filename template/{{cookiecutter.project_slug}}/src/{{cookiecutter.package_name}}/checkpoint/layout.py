@@ -1,5 +1,6 @@
 """Checkpoint folders on disk, without torch: their names, meta.json, whether one is complete, the newest
-complete one, and which one a run resumes from (checked before anything starts).
+complete one, which one a run resumes from (checked before anything starts), and which one a command's
+CHECKPOINT argument names (`resolve_checkpoint`: `sample`, `export`, `checkpoint inspect|consolidate`).
 
 A checkpoint is `<out_dir>/checkpoints/step-<step>/` (see checkpoint.py for what it holds); it is
 written as `step-<step>.partial` and renamed once every rank has finished, and meta.json (the size of
@@ -111,6 +112,40 @@ def find_latest(root: Path) -> Path | None:
     return checkpoints[-1] if checkpoints else None
 
 
+def checkpoints_folder(path: Path) -> Path:
+    """The folder holding a run's checkpoints, given the run's out_dir or that folder itself."""
+    return path / "checkpoints" if (path / "checkpoints").is_dir() else path
+
+
+def resolve_checkpoint(name: str) -> Path:
+    """The checkpoint folder a command's CHECKPOINT argument names: a step folder (`step-N`) as it is, or the newest
+    complete checkpoint of a run's out_dir or of its checkpoints/ folder (`<...>/latest` reads as its folder).
+
+    Refused in one line naming the argument and what is wrong (RecipeError): no such folder, a step folder
+    whose save did not finish or is damaged, a run with no complete checkpoint (its incomplete ones named).
+    """
+    path = Path(name)
+    if path.name == "latest" and not (path / META_FILE).is_file():
+        path = path.parent
+    if not path.is_dir():
+        raise RecipeError(
+            f"checkpoint {name!r}: no complete checkpoint there: no such folder (a step folder, checkpoints/, or a run)"
+        )
+    if (path / META_FILE).is_file() or STEP_DIR.match(path.name.removesuffix(".partial")):
+        unfinished = "unfinished save" if path.name.endswith(".partial") else None
+        if problem := problem_with(path) or unfinished:
+            raise RecipeError(f"checkpoint {name!r}: not a complete checkpoint: {problem}")
+        return path
+    complete, not_complete = scan_checkpoints(checkpoints_folder(path))
+    if not complete:
+        found = "; ".join(f"{folder.name} ({why})" for folder, why in sorted(not_complete.items()))
+        raise RecipeError(
+            f"checkpoint {name!r}: no complete checkpoint there (a step folder, checkpoints/, or a run)"
+            + (f"; not complete: {found}" if found else "")
+        )
+    return complete[-1]
+
+
 def resolve_resume(recipe: Recipe) -> Path | None:
     """The checkpoint a run continues from: null -> none, auto -> newest complete one if any, else the given path.
 
@@ -132,7 +167,7 @@ def resolve_resume(recipe: Recipe) -> Path | None:
                 " To start afresh on purpose, choose another out_dir or pass --checkpoint.resume null"
             )
         path = complete[-1] if complete else None
-        skipped = sorted(p for p in not_complete if path is None or _step_of(p) > _step_of(path))
+        skipped = sorted(p for p in not_complete if path is None or step_of(p) > step_of(path))
         if skipped and _launched_rank() == 0:
             kind = {True: "unfinished", False: "incomplete"}
             said = "; ".join(
@@ -150,7 +185,8 @@ def resolve_resume(recipe: Recipe) -> Path | None:
     return path
 
 
-def _step_of(path: Path) -> int:
+def step_of(path: Path) -> int:
+    """The step of a checkpoint folder's name (`step-N`, `step-N.partial`); -1 for another name."""
     match = STEP_DIR.match(path.name.removesuffix(".partial"))
     return int(match.group(1)) if match else -1
 

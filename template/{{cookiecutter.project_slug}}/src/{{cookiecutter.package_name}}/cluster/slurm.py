@@ -3,7 +3,8 @@
 scripts/slurm/train.sbatch is the same script with the recipe as an argument. Both ask SLURM for
 SIGUSR1 120 s before the time limit; the training processes then save, requeue the job and exit
 with ExitCode.REQUEUE (preemption.py), which the script reports as a requeue, not a failure.
-The job options and their checks are shared with `<project> submit` (submit.py).
+The job options and their checks are shared by the `slurm` and `submit` commands (commands/slurm.py,
+commands/submit.py).
 """
 
 from __future__ import annotations

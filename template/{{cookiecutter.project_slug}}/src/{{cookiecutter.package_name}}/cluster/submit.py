@@ -1,9 +1,10 @@
-"""`<project> submit RECIPE`: train on SLURM through submitit, or on this machine with `--local`; a preempted or
-timed-out job saves, is requeued by submitit and resumes exactly.
+"""The submitit side of `<project> submit RECIPE` (commands/submit.py parses and checks it): train on SLURM through
+submitit, or on this machine with `--local`; a preempted or timed-out job saves, is requeued by submitit and
+resumes exactly.
 
 The job runs the project's own `train` in-process in every task: one task per device, `devices` tasks on
 each of `num_nodes` nodes, `checkpoint.resume: auto` as in scripts/slurm/train.sbatch. The recipe is
-resolved and checked here, before submitit or torch is imported, and travels in the job's pickle. Fabric
+resolved and checked by the command, before submitit or torch is imported, and travels in the job's pickle. Fabric
 reads the ranks from SLURM's variables; on this machine, from torch.distributed's, exported from
 submitit's local environment.
 
@@ -31,81 +32,24 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from jsonargparse import ArgumentParser
-
 from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_root, find_latest
 from {{ cookiecutter.package_name }}.cluster.preemption import SIGNALS, Preempted, Preemption
-from {{ cookiecutter.package_name }}.cluster.slurm import SIGNAL_SECONDS_BEFORE_LIMIT, add_job_options, check_job_options, gpus_per_node
+from {{ cookiecutter.package_name }}.cluster.slurm import SIGNAL_SECONDS_BEFORE_LIMIT, gpus_per_node
 from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError, TrainingStopped, exit_process
-from {{ cookiecutter.package_name }}.recipe.library import find_recipe
-from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, split_command_line
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 
 if TYPE_CHECKING:
     from submitit import Executor, Job
     from submitit.helpers import DelayedSubmission
 
-VALUE_OPTIONS = ("--time", "--partition", "--account", "--job_name", "--cpus_per_task", "--folder", "--max_timeouts")
-SWITCHES = ("--local", "--wait")
 INSTALL = 'pip install ".[submitit]"'
 
 
-def submit_parser(prog: str) -> ArgumentParser:
-    """`submit`'s own options (the `slurm` command's, and submitit's); every recipe field is an override too."""
-    parser = ArgumentParser(
-        prog=f"{prog} submit",
-        exit_on_error=False,
-        description="Submit training to SLURM with submitit: one task per device, requeued and resumed when"
-        " preempted or timed out. Every recipe field is an override too: --train.max_steps, --devices, ...",
-    )
-    parser.add_argument("recipe", help="Recipe name or path (first).")
-    add_job_options(parser, job_name=prog)
-    parser.add_argument("--folder", default="logs/submitit", help="submitit's folder: the job's logs and pickles.")
-    parser.add_argument(
-        "--max_timeouts", type=int, default=3, help="Time limits after which submitit requeues no more (submitit's 3)."
-    )
-    parser.add_argument("--local", action="store_true", help="Run the job on this machine (one node), not SLURM.")
-    parser.add_argument("--wait", action="store_true", help="Wait for the job to end, through requeues.")
-    return parser
-
-
-def submit(argv: list[str], prog: str) -> None:
-    """`submit RECIPE [options] [recipe overrides]`: check everything, submit, print the job id and its logs."""
-    name, own, overrides = split_command_line(argv, VALUE_OPTIONS, SWITCHES)
-    try:
-        options = submit_parser(prog).parse_args([*own, *([name] if name else [])])
-    except Exception as error:  # jsonargparse's ArgumentError spans lines; keep the first
-        raise RecipeError(str(error).strip().splitlines()[0]) from None
-    seconds = check_job_options(options.time, options.cpus_per_task)
-    if options.max_timeouts < 0:
-        raise RecipeError(f"--max_timeouts={options.max_timeouts} must be >= 0")
-    path = find_recipe(options.recipe)
-    recipe = parse_recipe(["--config", str(path), "--checkpoint.resume", "auto", *overrides], f"{prog} submit")
-    if options.local and recipe.num_nodes > 1:
-        raise RecipeError(
-            f"submit --local runs the job on this machine, one node, but the recipe asks for num_nodes="
-            f"{recipe.num_nodes} (override it with --num_nodes 1, or submit to SLURM without --local)"
-        )
-    if not options.local and not all(shutil.which(tool) for tool in ("sbatch", "srun")):
-        raise RecipeError("no SLURM here (sbatch and srun not on PATH): submit from a SLURM login node, or add --local")
-    job = _executor(options, recipe, seconds).submit(Training(recipe))
-    where = "on this machine" if options.local else "to SLURM"
-    print(
-        f"submitted job {job.job_id} {where}: {recipe.num_nodes} node(s) x {recipe.devices} task(s), one per device,"
-        f" time limit {options.time}"
-    )
-    print(f"logs: {job.paths.stdout} and {job.paths.stderr} (rank 0; rank N: {job.job_id}_N_log.*)")
-    print(f"checkpoints: {checkpoint_root(recipe)} (preempted or timed out, the job saves there, is requeued, resumes)")
-    if options.wait:
-        _wait(job)
-
-
-def _executor(options: Any, recipe: Recipe, seconds: int) -> Executor:
+def executor(options: Any, recipe: Recipe, seconds: int) -> Executor:
     """submitit's local or SLURM executor, asking for the recipe's layout; refuses if submitit cannot run it."""
     try:
         import submitit
@@ -142,7 +86,7 @@ def _executor(options: Any, recipe: Recipe, seconds: int) -> Executor:
     return slurm
 
 
-def _wait(job: Job[Any]) -> None:
+def wait(job: Job[Any]) -> None:
     """Wait for the job to end (through requeues); say where it ended, or why it failed (exit code 1)."""
     from submitit.core.utils import UncompletedJobError
 

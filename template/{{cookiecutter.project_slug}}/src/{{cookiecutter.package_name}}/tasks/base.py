@@ -117,6 +117,7 @@ class Task:
     name: ClassVar[str]  # `task:` in a recipe
     recipe_type: ClassVar[type[Recipe]]  # Recipe with this task's `model:` and `data:` sections
     unit: ClassVar[str] = "sample"  # what throughput counts, singular: "token", "image"
+    commands: ClassVar[dict[str, str]] = {}  # its own commands: name -> module (HELP, add_arguments, run)
 
     def __init__(self, recipe: Recipe) -> None:
         self.recipe: Any = recipe

@@ -44,14 +44,8 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
     # a signal during it (loading a checkpoint can take minutes) stops the run at its first step.
     preemption = preemption or Preemption()
     run = setup(recipe)  # refuses a bad recipe, path or checkpoint before any process starts
-    fabric, task, strategy, model, optimizer, state = (
-        run.fabric,
-        run.task,
-        run.strategy,
-        run.model,
-        run.optimizer,
-        run.state,
-    )
+    fabric, task, strategy, model, optimizer = run.fabric, run.task, run.strategy, run.model, run.optimizer
+    state = run.state
     log_config(fabric.loggers, recipe)
 
     max_steps, accumulate = recipe.train.max_steps, recipe.train.grad_accum_steps

@@ -2,7 +2,8 @@
 
 The model is built from the checkpoint's own config.yaml and loaded from its full state (sharded or
 not). Text goes in and out through the tokenizer of the prepared folder the run trained on, or as
-UTF-8 bytes for the byte-level sources (embedded, text).
+UTF-8 bytes for the byte-level sources (embedded, text). The command is commands/sample.py; the
+checkpoint argument is read by checkpoint/layout.py's `resolve_checkpoint`.
 """
 
 from __future__ import annotations
@@ -14,31 +15,13 @@ from typing import Any
 import torch
 
 from {{ cookiecutter.package_name }}.checkpoint.io import load_full_state
-from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_recipe, find_latest, problem_with
+from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_recipe, resolve_checkpoint
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.tasks.language_model.families import build_model
 
 # Module wrappers that activation checkpointing and torch.compile can leave in parameter names.
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
-
-
-def resolve_checkpoint(name: str) -> Path:
-    """A checkpoint folder from a step folder, a checkpoints folder, a run's out_dir, or `<...>/latest`."""
-    path = Path(name)
-    if path.name == "latest":
-        path = path.parent
-    if not (path / "meta.json").is_file() and not path.name.endswith(".partial"):
-        root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-        latest = find_latest(root) if root.is_dir() else None
-        if latest is None:
-            raise RecipeError(
-                f"checkpoint {name!r}: no complete checkpoint there (a step folder, checkpoints/, or a run)"
-            )
-        path = latest
-    if problem := problem_with(path):
-        raise RecipeError(f"checkpoint {name!r}: not a complete checkpoint: {problem}")
-    return path
 
 
 def load_model(path: Path) -> tuple[torch.nn.Module, Recipe]:

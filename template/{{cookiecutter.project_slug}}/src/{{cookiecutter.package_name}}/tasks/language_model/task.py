@@ -9,7 +9,7 @@ Importing this module does not import torch.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.base import ModelCost, Splits, Task
@@ -30,6 +30,11 @@ class LanguageModel(Task):
     name = "language_model"
     recipe_type = LanguageModelRecipe
     unit = "token"
+    commands: ClassVar[dict[str, str]] = {
+        "prepare": "{{ cookiecutter.package_name }}.tasks.language_model.commands.prepare",
+        "sample": "{{ cookiecutter.package_name }}.tasks.language_model.commands.sample",
+        "export": "{{ cookiecutter.package_name }}.tasks.language_model.commands.export",
+    }
     recipe: LanguageModelRecipe
 
     def check(self) -> None:

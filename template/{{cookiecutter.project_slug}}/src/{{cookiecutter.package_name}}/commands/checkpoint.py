@@ -1,0 +1,105 @@
+"""`<project> checkpoint list|inspect|consolidate`: the checkpoints of a run, what one holds, its weights as one file.
+
+A CHECKPOINT argument is read by checkpoint/layout.py's `resolve_checkpoint` (a step folder, or a run: its
+newest complete checkpoint), as `sample` and `export` read theirs. Listing reads only folders and
+meta.json (no torch); inspecting and consolidating load the state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jsonargparse import ArgumentParser
+
+from {{ cookiecutter.package_name }}.checkpoint.layout import (
+    checkpoints_folder,
+    read_meta,
+    resolve_checkpoint,
+    scan_checkpoints,
+    step_of,
+)
+from {{ cookiecutter.package_name }}.commands import as_subcommand, choose_a_command, parse_arguments
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.tasks import task_class
+
+HELP = "Checkpoints of a run."
+
+
+def add_arguments(parser: ArgumentParser, prog: str) -> None:
+    """`checkpoint`'s subcommands."""
+    parser.description = "List, inspect and consolidate checkpoints."
+    actions = parser.add_subcommands(dest="action")
+    listing = ArgumentParser(exit_on_error=False)
+    listing.add_argument("run", help="A run's out_dir or its checkpoints folder.")
+    actions.add_subcommand("list", listing, help="Steps, sizes, complete or not.")
+    inspect = ArgumentParser(exit_on_error=False)
+    inspect.add_argument("path", help="A checkpoint folder (step-N), or a run: its newest.")
+    actions.add_subcommand("inspect", inspect, help="What a checkpoint holds.")
+    consolidate = ArgumentParser(exit_on_error=False)
+    consolidate.add_argument("path", help="A checkpoint folder (step-N), or a run: its newest.")
+    consolidate.add_argument("output", help="File to write the model weights to.")
+    actions.add_subcommand("consolidate", consolidate, help="One weights file for plain PyTorch.")
+
+
+def run(argv: list[str], prog: str) -> None:
+    """Run a `checkpoint` subcommand; without one, show the choices."""
+    if not argv:
+        choose_a_command(as_subcommand(prog, "checkpoint", add_arguments), ["checkpoint"])
+    args = parse_arguments(prog, "checkpoint", add_arguments, argv)
+    if args.action == "list":
+        list_checkpoint_folders(args.list.run)
+    elif args.action == "inspect":
+        inspect_checkpoint(args.inspect.path)
+    else:
+        consolidate_checkpoint(args.consolidate.path, args.consolidate.output)
+
+
+def folder_size(path: Path) -> int:
+    """Bytes under a folder (or of a file)."""
+    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def list_checkpoint_folders(run: str) -> None:
+    """Print every checkpoint folder of a run: step, size, complete or why not."""
+    root = checkpoints_folder(Path(run))
+    if not root.is_dir():
+        raise RecipeError(f"{run!r}: no such run or checkpoints folder")
+    complete, not_complete = scan_checkpoints(root)
+    problems: dict[Path, str | None] = {**dict.fromkeys(complete), **not_complete}
+    rows = []
+    for path in sorted(folder for folder in problems if folder.is_dir()):
+        problem = problems[path]
+        status = "complete" if problem is None else f"INCOMPLETE: {problem}"
+        rows.append(f"{path.name:<24} step {step_of(path):>8}  {folder_size(path) / 2**20:>10.1f} MiB  {status}")
+    print("\n".join(rows) if rows else f"no checkpoints in {root}")
+
+
+def inspect_checkpoint(name: str) -> None:
+    """Print what a checkpoint holds."""
+    path = resolve_checkpoint(name)
+    from {{ cookiecutter.package_name }}.checkpoint.io import load_full_state  # imports torch: once the path is checked
+
+    meta = read_meta(path)
+    state = load_full_state(path)
+    weights = state["model"]
+    print(f"checkpoint   {path}")
+    task = task_class(meta["task"]) if "task" in meta else None
+    units = f"{meta.get('units_seen', 0):,} {task.unit if task else 'unit'}s seen"
+    print(f"step         {meta['step']}  ({units})")
+    print(f"saved by     {meta['strategy']} on {meta['world_size']} process(es)")
+    print(f"size         {folder_size(path) / 2**20:.1f} MiB in {len(meta['files'])} files")
+    print(f"parameters   {sum(t.numel() for t in weights.values()):,} in {len(weights)} tensors")
+    print(f"data         {state['data']}")
+    print(f"scheduler    last_epoch={state['scheduler']['last_epoch']}")
+    print(f"config       {path / 'config.yaml'}")
+
+
+def consolidate_checkpoint(name: str, output: str) -> None:
+    """Write a checkpoint's weights as one plain PyTorch file."""
+    path = resolve_checkpoint(name)
+    from {{ cookiecutter.package_name }}.checkpoint.io import consolidate  # imports torch: once the path is checked
+
+    weights = consolidate(path, Path(output))
+    print(f"Wrote {len(weights)} tensors ({sum(t.numel() for t in weights.values()):,} parameters) to {output}")
+    print(f"Load: model = build_model(ModelConfig(**yaml.safe_load(open('{path / 'config.yaml'}'))['model']))")
+    print(f"      model.load_state_dict(torch.load('{output}', weights_only=True))")

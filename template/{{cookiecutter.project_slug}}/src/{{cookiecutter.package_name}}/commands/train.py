@@ -1,0 +1,27 @@
+"""`<project> train`: train with a recipe file and dotted overrides (`--train.max_steps 20`)."""
+
+from __future__ import annotations
+
+from jsonargparse import ActionConfigFile, ArgumentParser
+
+from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.tasks import task_class
+
+HELP = "Train with a recipe and overrides."
+
+
+def add_arguments(parser: ArgumentParser, prog: str) -> None:
+    """A recipe file (`--config`) and every field of the default task's recipe as an override, as
+    recipe/load.py's `recipe_parser`; `run` reads the recipe with `parse_recipe`, which picks the recipe's task."""
+    parser.description = "Train with a recipe."
+    parser.add_argument("--config", action=ActionConfigFile, help="Recipe YAML file.")
+    parser.add_class_arguments(task_class(Recipe.task).recipe_type, nested_key=None, fail_untyped=True)
+
+
+def run(argv: list[str], prog: str) -> None:
+    """Read and check the recipe (before torch loads), then train it."""
+    recipe = parse_recipe(argv, f"{prog} train")
+    from {{ cookiecutter.package_name }}.training.loop import train  # imports torch: only when training
+
+    train(recipe)

@@ -1,0 +1,39 @@
+"""`<project> prepare INPUTS --out FOLDER`: tokenize .txt/.jsonl/.parquet files into token shards (data/prepare.py)."""
+
+from __future__ import annotations
+
+from jsonargparse import ArgumentParser
+
+from {{ cookiecutter.package_name }}.commands import parse_arguments
+
+HELP = "Text -> token shards (data.source=prepared)."
+
+
+def add_arguments(parser: ArgumentParser, prog: str) -> None:
+    """`prepare`'s arguments: the inputs, the folder to write and how to tokenize."""
+    parser.description = "Tokenize .txt/.jsonl/.parquet files into token shards."
+    parser.add_argument("inputs", nargs="+", help="Folders, files or globs of .txt, .jsonl and .parquet files.")
+    parser.add_argument("--out", required=True, help="Folder to write (must not exist); data.path of the recipe.")
+    parser.add_argument("--tokenizer", default=None, help="A Hugging Face tokenizer.json to tokenize with.")
+    parser.add_argument("--train-tokenizer", type=int, default=None, help="Train a byte-level BPE of this size.")
+    parser.add_argument("--text-field", default="text", help="Text field of .jsonl records / column of .parquet.")
+    parser.add_argument("--val-fraction", type=float, default=0.01, help="Share of tokens held out.")
+    parser.add_argument("--workers", type=int, default=None, help="Tokenizing processes (default: every core).")
+    parser.add_argument("--shard-tokens", type=int, default=1 << 28, help="Tokens per shard file.")
+
+
+def run(argv: list[str], prog: str) -> None:
+    """Tokenize the inputs into a prepared folder and say how to train on it."""
+    args = parse_arguments(prog, "prepare", add_arguments, argv)
+    from {{ cookiecutter.package_name }}.tasks.language_model.data.prepare import prepare  # imports tokenizers and numpy, not torch
+
+    manifest = prepare(
+        args.inputs, args.out, args.tokenizer, args.train_tokenizer, args.text_field, args.val_fraction,
+        args.workers, args.shard_tokens,
+    )  # fmt: skip
+    vocab = manifest["tokenizer"]["vocab_size"]
+    print(
+        f"Prepared {manifest['documents']:,} documents, {manifest['tokens']:,} tokens ({manifest['dtype']}) in"
+        f" {len(manifest['shards'])} shard(s) at {args.out}; validation: {manifest['validation']['tokens']:,} tokens"
+    )
+    print(f"Train on it: data.source: prepared, data.path: {args.out}, model.vocab_size: >= {vocab}")
