@@ -59,14 +59,16 @@ LOGGED_METRICS = {
 
 
 def cli_env() -> dict[str, str]:
-    """Environment for a CLI subprocess: the package importable, W&B offline and quiet."""
+    """Environment for a CLI subprocess: the package (and, for scripts run from tests/, these helpers) importable,
+    W&B offline and quiet."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT / "src"), env.get("PYTHONPATH")]))
+    paths = [str(PROJECT / "src"), str(PROJECT / "tests"), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"})
     # W&B gives up starting its service after 90 s; a loaded 2-core machine can take longer than that.
     env.setdefault("WANDB_INIT_TIMEOUT", "600")
     env.pop("WANDB_API_KEY", None)
-    # A W&B run in this test process (tests/test_observe.py) leaves WANDB_SERVICE naming its own service;
+    # A W&B run in this test process (tests/unit/test_observe.py) leaves WANDB_SERVICE naming its own service;
     # a training run that inherits it talks to that service instead of starting its own, and its ranks fail.
     env.pop("WANDB_SERVICE", None)
     return env

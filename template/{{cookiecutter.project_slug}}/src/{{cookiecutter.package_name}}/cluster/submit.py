@@ -23,7 +23,7 @@ How submitit's signal meets preemption.py (read from submitit 1.5.4's source):
   requeues: `scontrol requeue` on SLURM; on this machine exit code 144, on which the local controller
   starts the tasks again once all have exited (6 starts at most). On the other ranks it does nothing. No rank returns, so submitit writes no
   result and its job object sees the job still running; the requeued tasks load the pickle again and
-  `checkpoint.resume: auto` resumes from the saved step, bitwise (tests/test_submit.py).
+  `checkpoint.resume: auto` resumes from the saved step, bitwise (tests/e2e/test_submit.py).
 - Past `--max_timeouts` the handler raises instead: rank 0's error is the job's result, the job fails,
   and its checkpoints stay for a new submission.
 """

@@ -202,7 +202,7 @@ class DeepSpeed(TrainingStrategy):
     def no_backward_sync(self, fabric: Fabric, model: Any, enabled: bool) -> Iterator[None]:
         """DeepSpeed does not take Fabric's no_backward_sync (Fabric warns and the engine takes every backward
         as the end of a step: ZeRO's update then differs from ddp's from the first accumulated step, as
-        tests/test_deepspeed.py shows). Its engine is told where the step's accumulation boundary is instead."""
+        tests/e2e/test_deepspeed.py shows). Its engine is told where the step's accumulation boundary is instead."""
         engine(fabric).set_gradient_accumulation_boundary(not enabled)
         yield
 
@@ -216,7 +216,7 @@ class DeepSpeed(TrainingStrategy):
     def discard_gradients(self, fabric: Fabric) -> None:
         """ZeRO-3 keeps reduced gradient partitions that its own step would consume. They are dropped the
         way DeepSpeed drops them when it skips a step itself (`_overflow_clean_up`, not public API); left in
-        place, the next update goes wrong (tests/test_deepspeed.py)."""
+        place, the next update goes wrong (tests/e2e/test_deepspeed.py)."""
         zero_optimizer = engine(fabric).optimizer
         if hasattr(zero_optimizer, "_overflow_clean_up"):  # ZeRO-3; ZeRO-1/2 need nothing beyond zero_grad
             zero_optimizer._overflow_clean_up(zero_optimizer.loss_scale)

@@ -27,7 +27,7 @@ project's GPT, derived the same way from what its autograd graph saves:
     embeddings and head: the token ids (8 bytes each), the final norm's input and output, and the log-softmax
     of the logits, s*b*v in fp32 (cross entropy runs in fp32 under autocast)
     A 16-bit module (fsdp2/hsdp under fully_shard's MixedPrecisionPolicy, DeepSpeed under bf16-mixed) is
-    counted as bf16-true: r = a = 2 and no weight copies (measured: tests/test_mixed_precision.py).
+    counted as bf16-true: r = a = 2 and no weight copies (measured: tests/e2e/test_mixed_precision.py).
 
 The tensor-parallel plan of this project splits q, k, v, fc by columns and the output projections by
 rows, with no sequence parallelism: norms, residuals and the head stay whole on every rank.

@@ -1,7 +1,7 @@
 """A task is a class and a registration: this file adds one (regression of random vectors with an MLP built from
 blocks) and trains it with the project's machinery, changing no other module.
 
-`python tests/test_task_seam.py train ...` is the command line with the toy task registered (Fabric re-runs this
+`python tests/e2e/test_task_seam.py train ...` is the command line with the toy task registered (Fabric re-runs this
 script in each process it launches, so every rank registers it). Its recipe is its own file: the machinery's
 sections plus the task's `model:` and `data:`.
 """

@@ -1,6 +1,6 @@
 """A strategy family is one class and a registration: this file adds one and trains with it, changing no other module.
 
-`python tests/test_strategy_seam.py train ...` is the command line with the toy strategy registered (Fabric
+`python tests/e2e/test_strategy_seam.py train ...` is the command line with the toy strategy registered (Fabric
 re-runs this script in each process it launches, so every rank registers it). The toy is ddp that clips
 each gradient value instead of the global norm, so its updates differ from ddp's from the first step.
 """

@@ -1,5 +1,5 @@
 """`plan`: every strategy's memory, communication and step time for a model on a cluster, the one to pick, and
-the recipe it writes (its model-state figures are checked against real per-rank bytes in tests/test_strategies.py)."""
+the recipe it writes (its model-state figures are checked against real per-rank bytes in tests/e2e/test_strategies.py)."""
 
 from __future__ import annotations
 
