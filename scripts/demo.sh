@@ -1,24 +1,42 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: set up, generate a project with the default answers, and train it
-# on the embedded data with 2 CPU processes (FSDP2 over gloo). Offline; takes a few minutes.
+# The main job on a fresh machine: set up, generate a project with the default answers (or the task given:
+# `bash scripts/demo.sh image_classification`), and train it with 2 CPU processes (FSDP2 over gloo) on its
+# offline data: the embedded text (language_model) or scikit-learn's digits (image_classification).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TASK=${1:-language_model}
+case "$TASK" in
+  language_model | image_classification) ;;
+  *) echo "usage: bash scripts/demo.sh [language_model|image_classification] (got: $TASK)" >&2; exit 2 ;;
+esac
 bash scripts/setup.sh
 VENV=$PWD/.venv
 rm -rf build/demo
 mkdir -p build/demo
-"$VENV/bin/cookiecutter" --no-input . --output-dir build/demo
+"$VENV/bin/cookiecutter" --no-input . --output-dir build/demo task="$TASK"
 cd build/demo/my-project
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e .
 "$VENV/bin/my-project" recipes list
 "$VENV/bin/my-project" train --config recipes/cpu-debug.yaml
 echo
-echo "What the model writes after \"The old sailor\" (greedy, from the newest checkpoint):"
-"$VENV/bin/my-project" sample runs/cpu-debug --prompt "The old sailor" --max-new-tokens 80 --temperature 0
+if [ "$TASK" = language_model ]; then
+  echo "What the model writes after \"The old sailor\" (greedy, from the newest checkpoint):"
+  "$VENV/bin/my-project" sample runs/cpu-debug --prompt "The old sailor" --max-new-tokens 80 --temperature 0
+  more_steps=160
+else
+  echo "Its top classes for five digits saved as PNG files (a 0, 1, 2, 3 and 4):"
+  "$VENV/bin/python" -c "
+from PIL import Image
+from sklearn.datasets import load_digits
+for index in range(5):
+    Image.fromarray((load_digits().images[index] * 255 / 16).astype('uint8')).save(f'digit-{index}.png')"
+  "$VENV/bin/my-project" predict runs/cpu-debug digit-0.png digit-1.png digit-2.png digit-3.png digit-4.png
+  more_steps=400
+fi
 echo
 echo "Generated project:  $PWD"
 echo "Checkpoints:        $PWD/runs/cpu-debug/checkpoints/"
 for run in runs/cpu-debug/wandb/offline-run-*; do
   [ -e "$run" ] && echo "W&B offline run:    $PWD/$run  (upload later with: wandb sync $run)"
 done
-echo "Train it again and it resumes from the newest checkpoint: cd $PWD && $VENV/bin/my-project train --config recipes/cpu-debug.yaml --train.max_steps 160"
+echo "Train it again and it resumes from the newest checkpoint: cd $PWD && $VENV/bin/my-project train --config recipes/cpu-debug.yaml --train.max_steps $more_steps"

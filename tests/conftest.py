@@ -31,3 +31,9 @@ def run(args: list[str], cwd: Path, timeout: float = 900, **env: str) -> subproc
 def default_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project generated with every default answer."""
     return bake(tmp_path_factory.mktemp("default"))
+
+
+@pytest.fixture(scope="session")
+def image_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project generated with every default answer but `task: image_classification`."""
+    return bake(tmp_path_factory.mktemp("image"), task="image_classification")

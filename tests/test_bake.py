@@ -67,18 +67,39 @@ def test_default_answers_give_the_documented_layout(default_project: Path) -> No
 
 
 def test_the_recipe_library_is_copied_verbatim(default_project: Path) -> None:
-    library = sorted((REPO / "recipes").glob("*.yaml"))
+    library = sorted((REPO / "recipes" / "language_model").glob("*.yaml"))  # the default task's
     assert len(library) >= 5
     for recipe in library:
         assert (default_project / "recipes" / recipe.name).read_bytes() == recipe.read_bytes()
 
 
-@pytest.mark.parametrize(
-    ("logger", "include_slurm"), list(itertools.product(["wandb", "tensorboard", "csv"], ["yes", "no"]))
-)
-def test_every_choice_renders_lints_and_passes_its_quick_tests(tmp_path: Path, logger: str, include_slurm: str) -> None:
-    project = bake(tmp_path, logger=logger, include_slurm=include_slurm)
+TASKS = ("language_model", "image_classification")
+# Every logger and SLURM answer, each baked with each task at least once (the tasks alternate).
+CHOICES = [
+    (logger, slurm, TASKS[index % 2])
+    for index, (logger, slurm) in enumerate(itertools.product(["wandb", "tensorboard", "csv"], ["yes", "no"]))
+]
+
+
+def assert_only_the_task_is_there(project: Path, task: str) -> None:
+    """The chosen task's package, recipes and tests, and nothing of the other task's."""
+    tasks = project / "src" / "my_project" / "tasks"
+    assert {path.name for path in tasks.iterdir() if path.is_dir() and path.name != "__pycache__"} == {task}
+    recipes = sorted((project / "recipes").glob("*.yaml"))
+    assert [path.name for path in recipes] == sorted(path.name for path in (REPO / "recipes" / task).glob("*.yaml"))
+    assert all(f"task: {task}" in path.read_text() for path in recipes)
+    other = {"language_model": "test_llama.py", "image_classification": "test_image_classification.py"}
+    assert (project / "tests" / "e2e" / other[task]).is_file()
+    assert not any((project / "tests" / "e2e" / name).exists() for key, name in other.items() if key != task)
+
+
+@pytest.mark.parametrize(("logger", "include_slurm", "task"), CHOICES)
+def test_every_choice_renders_lints_and_passes_its_quick_tests(
+    tmp_path: Path, logger: str, include_slurm: str, task: str
+) -> None:
+    project = bake(tmp_path, logger=logger, include_slurm=include_slurm, task=task)
     assert_fully_rendered(project)
+    assert_only_the_task_is_there(project, task)
     assert_ruff_clean(project)
     assert (project / "scripts" / "slurm" / "train.sbatch").exists() == (include_slurm == "yes")
     assert ("sbatch" in (project / "README.md").read_text()) == (include_slurm == "yes")
@@ -89,8 +110,9 @@ def test_every_choice_renders_lints_and_passes_its_quick_tests(tmp_path: Path, l
     assert " passed" in quick.stdout and "skipped" not in quick.stdout, quick.stdout[-500:]
 
 
-def test_custom_names_flow_into_package_command_and_imports(tmp_path: Path) -> None:
-    project = bake(tmp_path, project_name="Deep Net 2", author="Ada O'Neil", description="Trains it.")
+@pytest.mark.parametrize("task", TASKS)
+def test_custom_names_flow_into_package_command_and_imports(tmp_path: Path, task: str) -> None:
+    project = bake(tmp_path, project_name="Deep Net 2", author="Ada O'Neil", description="Trains it.", task=task)
     assert project.name == "deep-net-2"
     assert (project / "src" / "deep_net_2" / "train.py").is_file()
     assert 'deep-net-2 = "deep_net_2.cli:main"' in (project / "pyproject.toml").read_text()
@@ -127,19 +149,20 @@ def test_command_line_no_input_generates_the_default_project(tmp_path: Path) -> 
     assert (tmp_path / "my-project" / "recipes" / "cpu-debug.yaml").is_file()
 
 
-@pytest.mark.parametrize(("answer", "value"), [("logger", "mlflow"), ("license", "GPL-3.0")])
+@pytest.mark.parametrize(("answer", "value"), [("logger", "mlflow"), ("license", "GPL-3.0"), ("task", "speech")])
 def test_unknown_choice_is_refused(tmp_path: Path, answer: str, value: str) -> None:
     with pytest.raises(ValueError, match=answer):
         bake(tmp_path, **{answer: value})
 
 
 def test_every_recipe_says_when_to_choose_it() -> None:
-    for recipe in sorted((REPO / "recipes").glob("*.yaml")):
+    for recipe in sorted((REPO / "recipes").glob("*/*.yaml")):
         header = recipe.read_text().splitlines()[:2]
         assert all(line.startswith("# ") for line in header), recipe.name
         assert "choose" in " ".join(header).lower(), recipe.name
 
 
+@pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize(
     ("license_id", "first_line", "copyright_line"),
     [
@@ -149,9 +172,9 @@ def test_every_recipe_says_when_to_choose_it() -> None:
     ],
 )
 def test_the_chosen_license_is_written_in_full_and_declared(
-    tmp_path: Path, license_id: str, first_line: str, copyright_line: str
+    tmp_path: Path, license_id: str, first_line: str, copyright_line: str, task: str
 ) -> None:
-    project = bake(tmp_path, license=license_id, author="Ada O'Neil")
+    project = bake(tmp_path, license=license_id, author="Ada O'Neil", task=task)
     text = (project / "LICENSE").read_text()
     year = str(datetime.datetime.now(datetime.UTC).year)
     assert text.strip().splitlines()[0].strip() == first_line
@@ -163,8 +186,9 @@ def test_the_chosen_license_is_written_in_full_and_declared(
     assert project_table["license-files"] == ["LICENSE"]
 
 
-def test_license_none_writes_no_license_file_and_declares_none(tmp_path: Path) -> None:
-    project = bake(tmp_path, license="none")
+@pytest.mark.parametrize("task", TASKS)
+def test_license_none_writes_no_license_file_and_declares_none(tmp_path: Path, task: str) -> None:
+    project = bake(tmp_path, license="none", task=task)
     assert_fully_rendered(project)
     assert not (project / "LICENSE").exists()
     assert "license" not in tomllib.loads((project / "pyproject.toml").read_text())["project"]
@@ -216,7 +240,11 @@ def root_test_group() -> dict[str, str]:
     return pins
 
 
-def test_constraints_pin_exactly_the_versions_the_template_tests_ran_with(default_project: Path) -> None:
+@pytest.mark.parametrize("project", ["default_project", "image_project"])
+def test_constraints_pin_exactly_the_versions_the_template_tests_ran_with(
+    project: str, request: pytest.FixtureRequest
+) -> None:
+    default_project: Path = request.getfixturevalue(project)  # each task declares its own dependencies
     pins, seen = root_test_group(), set()
     for line in (default_project / "constraints.txt").read_text().splitlines():
         if not line.strip() or line.startswith("#"):

@@ -5,11 +5,29 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import run
 
 
 def test_generated_test_suite_passes(default_project: Path) -> None:
     result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=default_project, timeout=1800)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout
+
+
+def test_generated_image_project_passes_its_quick_tests_and_its_tasks_end_to_end_tests(image_project: Path) -> None:
+    """The image classifier's project: every quick test, and its task's multi-process runs (the machinery's own
+    multi-process tests run on it under `scripts/test.sh --full`)."""
+    for selection in (["-m", "not slow"], ["tests/e2e/test_image_classification.py"]):
+        args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection]
+        result = run(args, cwd=image_project, timeout=1800)
+        assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+        assert " passed" in result.stdout and "skipped" not in result.stdout
+
+
+@pytest.mark.full
+def test_generated_image_project_passes_its_whole_suite(image_project: Path) -> None:
+    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=image_project, timeout=2400)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout
 

@@ -47,7 +47,7 @@ def test_cruft_update_applies_a_later_template_change_and_keeps_local_edits(tmp_
     project = tmp_path / "my-project"
     recorded = json.loads((project / ".cruft.json").read_text())
     assert (recorded["template"], recorded["commit"], recorded["directory"]) == (str(template), first, "template")
-    library = sorted(path.name for path in (REPO / "recipes").glob("*.yaml"))
+    library = sorted(path.name for path in (REPO / "recipes" / "language_model").glob("*.yaml"))
     assert sorted(path.name for path in (project / "recipes").glob("*.yaml")) == library
 
     git(project, "init", "-q")
@@ -60,7 +60,7 @@ def test_cruft_update_applies_a_later_template_change_and_keeps_local_edits(tmp_
     template_readme = next((template / "template").glob("*/README.md"))
     lines = template_readme.read_text().splitlines(keepends=True)
     template_readme.write_text("".join([lines[0], "\nA line added to the template later.\n", *lines[1:]]))
-    recipe = template / "recipes" / "cpu-debug.yaml"
+    recipe = template / "recipes" / "language_model" / "cpu-debug.yaml"
     recipe.write_text(recipe.read_text() + "# a comment added to the library later\n")
     later = commit_all(template, "template v2")
 

@@ -1,4 +1,5 @@
-"""Bring the recipe library into the new project and remove files for options not chosen."""
+"""Bring the chosen task's recipe library into the new project and remove files for options not chosen:
+the other task's package and tests, the SLURM scripts, the LICENSE."""
 
 import shutil
 import subprocess
@@ -14,10 +15,32 @@ TEMPLATE_REPOSITORY = {{ cookiecutter.get("_template", "") | tojson }}
 TEMPLATE_COMMIT = {{ cookiecutter.get("_commit", "") | tojson }}
 INCLUDE_SLURM = {{ cookiecutter.include_slurm | tojson }} == "yes"
 LICENSE = {{ cookiecutter.license | tojson }}
+TASK = {{ cookiecutter.task | tojson }}
+PACKAGE = {{ cookiecutter.package_name | tojson }}
+# What only one task uses, beside its package src/<package>/tasks/<task>/: its tests; and, for now, the tests of
+# the machinery (monitor, plan, strategy construction, refused inputs, resume), the benchmarks and the GPU
+# scripts that are written around the language model.
+TASK_FILES = {
+    "language_model": [
+        "benchmarks",
+        *(f"scripts/{name}.sh" for name in ("gpu_bench", "gpu_session", "soak")),
+        "tests/corpus.py",
+        *(f"tests/unit/test_{name}.py" for name in ("data", "hf", "models", "prepare", "prepare_benchmark", "sample")),
+        *(f"tests/unit/test_{name}.py" for name in ("sizing", "observe", "plan", "strategy_recipes")),
+        *(f"tests/e2e/test_{name}.py" for name in ("llama", "prepared_training", "benchmarks", "bad_input")),
+        *(f"tests/e2e/test_{name}.py" for name in ("checkpoint_cli", "mixed_precision", "plan_written", "resume")),
+        "tests/e2e/test_strategies.py",
+    ],
+    "image_classification": [
+        *(f"tests/unit/test_{name}.py" for name in ("vit", "vit_sizing", "image_data")),
+        "tests/e2e/test_image_classification.py",
+    ],
+}
 
 
 def copy_library(library: Path, project: Path) -> None:
-    """Copy the recipe files of `library` into the project's recipes/."""
+    """Copy the recipe files of the chosen task in `library` (recipes/<task>/) into the project's recipes/."""
+    library = library / TASK
     if not library.is_dir():
         sys.exit(f"ERROR: recipe library not found at {library}; the template repository is incomplete")
     target = project / "recipes"
@@ -27,7 +50,7 @@ def copy_library(library: Path, project: Path) -> None:
 
 
 def copy_recipes(project: Path) -> None:
-    """Copy the top-level recipes/ (the single source of truth) of the template into the project."""
+    """Copy the top-level recipes/<task>/ (the single source of truth) of the template into the project."""
     if TEMPLATE_DIR:
         copy_library(Path(TEMPLATE_DIR).parent / "recipes", project)
         return
@@ -47,6 +70,12 @@ def copy_recipes(project: Path) -> None:
 
 def prune(project: Path) -> None:
     """Remove what the chosen options do not use."""
+    for task, files in TASK_FILES.items():
+        if task != TASK:
+            shutil.rmtree(project / "src" / PACKAGE / "tasks" / task)
+            for name in files:
+                path = project / name
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
     if LICENSE == "none":
         (project / "LICENSE").unlink()
     if not INCLUDE_SLURM:

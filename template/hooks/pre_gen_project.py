@@ -13,7 +13,9 @@ ANSWERS = {
     "license": {{ cookiecutter.license | tojson }},
     "logger": {{ cookiecutter.logger | tojson }},
     "include_slurm": {{ cookiecutter.include_slurm | tojson }},
+    "task": {{ cookiecutter.task | tojson }},
 }
+TASKS = ("language_model", "image_classification")
 LICENSES = ("MIT", "Apache-2.0", "BSD-3-Clause", "none")
 SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 PACKAGE = re.compile(r"^[a-z_][a-z0-9_]*$")
@@ -41,6 +43,8 @@ def problems(answers: dict[str, str]) -> list[str]:
         found.append(f"license {answers['license']!r} is not one of: {', '.join(LICENSES)}")
     if answers["logger"] not in ("wandb", "tensorboard", "csv"):
         found.append(f"logger {answers['logger']!r} is not one of: wandb, tensorboard, csv")
+    if answers["task"] not in TASKS:
+        found.append(f"task {answers['task']!r} is not one of: {', '.join(TASKS)}")
     if answers["include_slurm"] not in ("yes", "no"):
         found.append(f"include_slurm {answers['include_slurm']!r} is not one of: yes, no")
     return found

@@ -35,8 +35,12 @@ fi
 # A tiny model and a short run; the strategy settings of the recipe stay as they are.
 tiny_args() {
   echo --devices 1 --num_nodes 1 \
+{%- if cookiecutter.task == "language_model" %}
     --model.vocab_size 256 --model.block_size 128 --model.n_layer 2 --model.n_head 4 --model.n_embd 128 \
-    --data.source embedded --train.micro_batch_size 4 --train.grad_accum_steps 2 --train.warmup_steps 2 \
+    --data.source embedded --train.micro_batch_size 4{% else %}
+    --model.image_size 8 --model.patch_size 2 --model.channels 1 --model.num_classes 10 \
+    --model.n_layer 2 --model.n_head 4 --model.n_embd 128 --data.source digits --data.crop_padding 1 \
+    --train.micro_batch_size 4{% endif %} --train.grad_accum_steps 2 --train.warmup_steps 2 \
     --eval.every_steps 2 --eval.batches 2 --checkpoint.save_every_steps 2 --logger.name csv --logger.log_every_steps 1
 }
 

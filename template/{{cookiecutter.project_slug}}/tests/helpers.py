@@ -18,8 +18,11 @@ import torch
 PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE = "{{ cookiecutter.package_name }}"
 RECIPES = PROJECT / "recipes"
+# A library recipe of 4 nodes x 8 GPUs under fsdp2 (the SLURM and submitit tests write its job scripts).
+MULTINODE = "{% if cookiecutter.task == "language_model" %}fsdp2-multinode{% else %}vit-l16-fsdp2-multinode{% endif %}"
 
 # A model and run small enough for 2 CPU cores; every e2e test starts from cpu-debug plus these.
+{%- if cookiecutter.task == "language_model" %}
 TINY = [
     "--model.n_layer",
     "2",
@@ -36,17 +39,34 @@ TINY = [
     "--logger.log_every_steps",
     "1",
 ]
+{%- else %}
+TINY = [
+    "--model.n_layer",
+    "2",
+    "--model.n_embd",
+    "32",
+    "--model.n_head",
+    "2",
+    "--train.micro_batch_size",
+    "4",
+    "--eval.batches",
+    "2",
+    "--logger.log_every_steps",
+    "1",
+]
+{%- endif %}
+UNIT = "{% if cookiecutter.task == "language_model" %}token{% else %}image{% endif %}"  # what throughput counts
 
 # What every run logs with any logger (CPU runs: no GPU memory figures).
 LOGGED_METRICS = {
     "train/loss",
     "train/lr",
     "train/grad_norm",
-    "throughput/tokens_per_second",
-    "throughput/tokens_per_second_per_device",
+    f"throughput/{UNIT}s_per_second",
+    f"throughput/{UNIT}s_per_second_per_device",
     "throughput/samples_per_second",
     "throughput/samples_per_second_per_device",
-    "throughput/flops_per_token",
+    f"throughput/flops_per_{UNIT}",
     "throughput/tflops_per_second_per_device",
     "throughput/mfu",
     "memory/host_peak_rss_gib",
@@ -54,7 +74,7 @@ LOGGED_METRICS = {
     "time/data_wait_fraction",
     "time/checkpoint_save_seconds",
     "val/loss",
-    "val/perplexity",
+    "val/{% if cookiecutter.task == "language_model" %}perplexity{% else %}accuracy{% endif %}",
 }
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import LOGGED_METRICS, PACKAGE, cli_env, run_cli, train_args
+from helpers import LOGGED_METRICS, PACKAGE, UNIT, cli_env, run_cli, train_args
 
 pytestmark = pytest.mark.slow
 
@@ -134,7 +134,7 @@ def test_on_a_terminal_rank_zero_draws_a_live_progress_bar_instead_of_lines(tmp_
     os.close(terminal)
     assert process.wait(timeout=60) == 0, output.decode(errors="replace")[-3000:]
     text = output.decode(errors="replace")
-    final_bar = r"12/12 \[\d\d:\d\d<\d\d:\d\d,\s+[\d.]+step/s, loss \d\.\d{4}, [\d,]+ tokens/s\]"  # elapsed<ETA
+    final_bar = r"12/12 \[\d\d:\d\d<\d\d:\d\d,\s+[\d.]+step/s, loss \d\.\d{4}, [\d,]+ " + UNIT + r"s/s\]"  # elapsed<ETA
     assert re.search(final_bar, text), text[-2000:]
     assert not re.search(r"step \d+/12 \| loss", text)  # no plain lines while the bar is drawn
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import (
+    MULTINODE,
     PACKAGE,
     RECIPES,
     assert_same_losses,
@@ -90,7 +91,7 @@ def test_submitted_to_slurm_the_job_asks_for_the_recipes_layout_a_requeue_and_su
     executable(tmp_path / "srun", "#!/bin/sh\nexit 1\n")
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     folder = tmp_path / "jobs"
-    main(["submit", "fsdp2-multinode", "--time", "1-00:00:00", "--partition", "gpu", "--folder", str(folder)])
+    main(["submit", MULTINODE, "--time", "1-00:00:00", "--partition", "gpu", "--folder", str(folder)])
     printed = capsys.readouterr().out
     assert printed.startswith("submitted job 4242 to SLURM: 4 node(s) x 8 task(s)")
     assert f"logs: {folder / '4242_0_log.out'} and {folder / '4242_0_log.err'}" in printed

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import RECIPES, cli_env
+from helpers import MULTINODE, RECIPES, cli_env
 
 from {{ cookiecutter.package_name }}.cli import main
 
@@ -29,11 +29,11 @@ def test_recipes_copy_writes_an_identical_file_and_refuses_to_overwrite(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dest = tmp_path / "mine.yaml"
-    main(["recipes", "copy", "fsdp2-multinode", str(dest)])
-    assert dest.read_text() == (RECIPES / "fsdp2-multinode.yaml").read_text()
+    main(["recipes", "copy", MULTINODE, str(dest)])
+    assert dest.read_text() == (RECIPES / f"{MULTINODE}.yaml").read_text()
     dest.write_text("edited")
     with pytest.raises(SystemExit) as exited:
-        main(["recipes", "copy", "fsdp2-multinode", str(dest)])
+        main(["recipes", "copy", MULTINODE, str(dest)])
     assert exited.value.code == 2 and dest.read_text() == "edited"
     assert "already exists" in capsys.readouterr().err
 

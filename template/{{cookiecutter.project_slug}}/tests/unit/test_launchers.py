@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import RECIPES, executable
+from helpers import MULTINODE, RECIPES, executable
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.cluster.launchers import check_launcher
@@ -89,7 +89,7 @@ def test_srun_with_another_task_count_is_refused(clean_env: pytest.MonkeyPatch) 
 
 
 def test_sbatch_script_for_a_four_node_recipe_has_its_nodes_tasks_and_gpus() -> None:
-    script = sbatch_script(load_recipe(RECIPES / "fsdp2-multinode.yaml"), "mine.yaml", "12:00:00", "gpu", "proj")
+    script = sbatch_script(load_recipe(RECIPES / f"{MULTINODE}.yaml"), "mine.yaml", "12:00:00", "gpu", "proj")
     options = [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH")]
     assert options[1:4] == ["--nodes=4", "--ntasks-per-node=8", "--gpus-per-node=8"]
     assert options[0] == "--job-name={{ cookiecutter.project_slug }}"
@@ -140,9 +140,9 @@ def test_the_sbatch_script_names_the_recipe_relative_to_the_submit_folder_and_ac
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(RECIPES.parent)
-    main(["slurm", "fsdp2-multinode", "--time", "2-00:00:00"])
+    main(["slurm", MULTINODE, "--time", "2-00:00:00"])
     script = capsys.readouterr().out
-    assert "--config recipes/fsdp2-multinode.yaml " in script and str(RECIPES) not in script
+    assert f"--config recipes/{MULTINODE}.yaml " in script and str(RECIPES) not in script
     assert "source .venv/bin/activate" in script and "#SBATCH --time=2-00:00:00" in script
 
 
@@ -152,7 +152,7 @@ def test_sbatch_script_reports_a_requeue_as_success_and_passes_failures_on(
 ) -> None:
     executable(tmp_path / "srun", f'#!/bin/sh\necho "$@" > {tmp_path / "srun.txt"}\nexit {srun_exit}\n')
     job = tmp_path / "job.sbatch"
-    job.write_text(sbatch_script(load_recipe(RECIPES / "fsdp2-multinode.yaml"), "mine.yaml"))
+    job.write_text(sbatch_script(load_recipe(RECIPES / f"{MULTINODE}.yaml"), "mine.yaml"))
     env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "7"}
     env.update(SLURM_JOB_NUM_NODES="4", SLURM_NTASKS_PER_NODE="8")
     result = subprocess.run(["bash", str(job), "--train.max_steps", "5"], env=env, capture_output=True, text=True)

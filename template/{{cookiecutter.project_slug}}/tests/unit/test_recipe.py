@@ -107,7 +107,7 @@ def test_print_config_shows_the_resolved_recipe() -> None:
         ({"devices": 0}, "devices"),
         ({"model": {"n_head": 3}}, "model.n_head"),
         ({"data": {"val_fraction": 1.5}}, "data.val_fraction"),
-        ({"data": {"source": "tokens"}}, "data.path"),
+        ({"data": {"source": "{% if cookiecutter.task == "language_model" %}tokens{% else %}prepared{% endif %}"}}, "data.path"),
         ({"train": {"learning_rate": 0.0}}, "train.learning_rate"),
     ],
 )

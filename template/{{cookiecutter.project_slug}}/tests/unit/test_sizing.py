@@ -149,3 +149,14 @@ def test_the_activation_estimate_is_within_15_percent_of_what_autograd_saves(
     expected = estimate.held_checkpointed if checkpointing else estimate.held
     assert measured == pytest.approx(expected, rel=0.15)
     print(f"{precision} checkpointing={checkpointing}: measured {measured} B, estimated {expected:.0f} B")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        ModelConfig(),
+        ModelConfig(vocab_size=1000, block_size=64, n_layer=3, n_head=2, n_embd=48, mlp_ratio=2, bias=True),
+    ],
+)
+def test_the_torch_free_parameter_count_is_the_built_models(config: ModelConfig) -> None:
+    assert model_parameters(config) == count_parameters(config)

@@ -21,10 +21,13 @@ import yaml
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.tasks import task_for
+from {{ cookiecutter.package_name }}.tasks import task_class, task_for
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 META_FILE = "meta.json"
+# Hugging Face's weight files: one, or several named by an index (every task's export writes them).
+SINGLE_FILE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
 
 
 def checkpoint_root(recipe: Recipe) -> Path:
@@ -50,11 +53,14 @@ def problem_with(path: Path) -> str | None:
 
 
 def checkpoint_recipe(path: Path) -> Recipe:
-    """The recipe a checkpoint folder was saved with. Its model.init_from is not checked again: the weights
-    are in the checkpoint now, and the folder they first came from may be gone."""
+    """The recipe a checkpoint folder was saved with. What its task says may be gone since (the language model's
+    model.init_from: the weights are in the checkpoint now, the folder they first came from may not be) is not
+    checked again."""
     from {{ cookiecutter.package_name }}.recipe.load import parse_recipe  # jsonargparse: only when asked
 
-    return parse_recipe(["--config", str(path / "config.yaml"), "--model.init_from", "null"])
+    saved = yaml.safe_load((path / "config.yaml").read_text()) or {}
+    task = task_class(saved.get("task", Recipe.task) if isinstance(saved, dict) else Recipe.task)
+    return parse_recipe(["--config", str(path / "config.yaml"), *task.saved_recipe_overrides])
 
 
 def read_meta(path: Path) -> dict[str, Any]:

@@ -11,7 +11,7 @@ subcommand of the program (`parse_arguments`: the usage and errors read as they 
 taking recipe overrides as well (`train`, `plan`, `submit`), with a parser of its own.
 
 `COMMANDS` names the machinery's commands; a task adds its own through its `commands` class variable
-(the language model's `prepare`, `sample` and `export` live in tasks/language_model/commands/), and
+(a task's `prepare`, `sample` or `predict`, and `export` live in tasks/<task>/commands/), and
 `command_table()` is the two together for the project's default task. A module is imported only when
 its command runs (or for `--help`), and none imports torch at the top: torch loads inside the bodies
 that need it, so listing, validating and planning start without it.

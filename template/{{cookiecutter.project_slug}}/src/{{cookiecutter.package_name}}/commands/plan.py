@@ -14,7 +14,7 @@ from jsonargparse import ArgumentParser
 
 from {{ cookiecutter.package_name }}.commands import first_line
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.library import find_recipe
+from {{ cookiecutter.package_name }}.recipe.library import find_recipe, recipe_for_layout
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, split_command_line
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.tasks import task_for
@@ -110,7 +110,7 @@ def run(argv: list[str], prog: str) -> None:
     if options.parameters and not name:  # a bare count: plan it on the task's nearest reference shape
         task = task_for(parse_recipe([*base, *overrides], f"{prog} plan"))
         reference = (task.reference_model(options.parameters) or {}).items()
-        base += [arg for key, value in reference for arg in (f"--model.{key}", str(value))]
+        base += [arg for key, value in reference for arg in (f"--{key}", str(value))]
     recipe = parse_recipe([*base, *overrides], f"{prog} plan")
     cost = task_for(recipe).model_cost()
     if cost is None:
@@ -130,7 +130,11 @@ def run(argv: list[str], prog: str) -> None:
         target = Path(options.write)
         if target.exists():
             raise RecipeError(f"--write {target}: the file exists (choose another name)")
-        library = yaml.safe_load(find_recipe(library_recipe(result.recommended.candidate, result.inputs)).read_text())
+        # The library recipe the strategy names, else the one planned, else one of the same layout.
+        start = library_recipe(result.recommended.candidate, result.inputs) or name
+        inputs = result.inputs
+        path = find_recipe(start) if start else recipe_for_layout(inputs.cpu, inputs.num_nodes > 1)
+        library = yaml.safe_load(path.read_text())
         recipe_dict = written_recipe(library, dataclasses.asdict(recipe.model), result)
         header = f"# Written by `{prog} plan`: {result.reason}\n"
         target.write_text(header + yaml.safe_dump(recipe_dict, sort_keys=False))

@@ -3,7 +3,9 @@
 Global sample g is sample perm_e[g mod N] of epoch e = g div N, for N samples. A checkpoint stores
 one integer, and a resumed run continues the exact same sequence, across epoch boundaries and also
 with a different number of processes, as long as the global batch stays the same. The samples are
-any `Samples` of a task (tasks/base.py): `len()` and `batch(indices)`.
+any `Samples` of a task (tasks/base.py): `len()` and `batch(indices)`. Samples that augment (random
+crops, flips) also define `augmented_batch(indices, draws)`: the sampler passes each sample's global
+position g as its draw, so the augmentation is seeded by it and is as exactly resumable as the order.
 """
 
 from __future__ import annotations
@@ -70,7 +72,10 @@ class TrainBatches:
         self.samples_seen += self.global_batch_size  # the position a checkpoint after this step resumes from
         for micro_step in range(self.grad_accum_steps):
             first = step_start + (micro_step * self.dp_size + self.dp_rank) * self.micro_batch_size
-            yield self.samples.batch([self._sample_of(g) for g in range(first, first + self.micro_batch_size)])
+            draws = range(first, first + self.micro_batch_size)
+            indices = [self._sample_of(g) for g in draws]
+            augmented = getattr(self.samples, "augmented_batch", None)
+            yield self.samples.batch(indices) if augmented is None else augmented(indices, list(draws))
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs to continue the exact sequence."""

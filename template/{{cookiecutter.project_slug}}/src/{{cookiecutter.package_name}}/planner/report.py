@@ -6,14 +6,17 @@ import copy
 from typing import Any
 
 from {{ cookiecutter.package_name }}.planner.plan import GB, GIB, Candidate, Inputs, Plan, count, device_word
+from {{ cookiecutter.package_name }}.recipe.library import recipes_dir
 
 POWERS = {"GiB": "2^30", "MiB": "2^20", "KiB": "2^10", "B": "1"}
 
 
-def library_recipe(candidate: Candidate, inputs: Inputs) -> str:
-    """The library recipe a written plan starts from (its strategy family names it)."""
+def library_recipe(candidate: Candidate, inputs: Inputs) -> str | None:
+    """The library recipe a written plan starts from (its strategy family names one per layout), or None when
+    this project's library has no recipe of that name (another task's library)."""
     cpu, one_node, several_nodes = candidate.option.recipes
-    return cpu if inputs.cpu else several_nodes if inputs.num_nodes > 1 else one_node
+    name = cpu if inputs.cpu else several_nodes if inputs.num_nodes > 1 else one_node
+    return name if (recipes_dir() / f"{name}.yaml").is_file() else None
 
 
 def strategy_section(candidate: Candidate, base: dict[str, Any], checkpointing: bool, cpu: bool) -> dict[str, Any]:
@@ -89,7 +92,8 @@ def render(result: Plan) -> str:
         lines.append(result.reason)
     else:
         recipe = library_recipe(result.recommended.candidate, inputs)
-        lines.append(f"recommended: {result.recommended.candidate.name} (from recipe {recipe}): {result.reason}")
+        origin = f" (from recipe {recipe})" if recipe else ""
+        lines.append(f"recommended: {result.recommended.candidate.name}{origin}: {result.reason}")
     return "\n".join(lines)
 
 

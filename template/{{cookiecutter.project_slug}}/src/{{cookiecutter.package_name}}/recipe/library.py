@@ -32,6 +32,18 @@ def find_recipe(name: str) -> Path:
     raise RecipeError(f"recipe {name!r} not found (library recipes: {available})")
 
 
+def recipe_for_layout(cpu: bool, several_nodes: bool) -> Path:
+    """The first library recipe on CPUs (or GPUs) and on one node (or several): what `plan --write` starts from
+    when the recipe its strategy names is not in this library."""
+    import yaml
+
+    for path in sorted(recipes_dir().glob("*.yaml")):
+        recipe = yaml.safe_load(path.read_text()) or {}
+        if (recipe.get("accelerator") == "cpu") == cpu and (int(recipe.get("num_nodes", 1)) > 1) == several_nodes:
+            return path
+    raise RecipeError("no library recipe of this layout to write the plan from: pass one (`plan RECIPE --write ...`)")
+
+
 def summary(path: Path) -> str:
     """The first header comment line of a recipe: when to choose it."""
     for line in path.read_text().splitlines():

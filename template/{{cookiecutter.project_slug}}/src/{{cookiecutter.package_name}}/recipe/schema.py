@@ -236,7 +236,7 @@ class Recipe:
     num_nodes: int = 1
     precision: Precision = "32-true"
     out_dir: str = "runs/default"
-    task: str = "language_model"
+    task: str = "{{ cookiecutter.task }}"
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     model: Any = None  # each task's Recipe subclass gives these two sections their types
     data: Any = None

@@ -18,7 +18,11 @@ __all__ = ["ModelCost", "Samples", "Splits", "Task", "register", "task_class", "
 
 # name -> the task class, or "module:Class" to import it on first use
 REGISTRY: dict[str, type[Task] | str] = {
+{%- if cookiecutter.task == "language_model" %}
     "language_model": "{{ cookiecutter.package_name }}.tasks.language_model.task:LanguageModel",
+{%- else %}
+    "image_classification": "{{ cookiecutter.package_name }}.tasks.image_classification.task:ImageClassification",
+{%- endif %}
 }
 
 

@@ -10,6 +10,9 @@ The model a task builds follows one contract, which is what strategies shard, ch
     model.tensor_parallel_plan()     {submodule path inside a block: ColwiseParallel() | RowwiseParallel()},
                                      or {} when the model has no tensor-parallel plan
     model.init_parameter(name, p)    initialise one parameter in place (meta-device and ZeRO-3 builds)
+and keeps every parameter inside a submodule (none on the model itself): ZeRO-3's zero.Init partitions a
+module's parameters when its constructor returns, so that its init draws the same random numbers as an
+ordinary build's.
 
 Importing this module does not import torch (recipes are checked before torch loads).
 """
@@ -35,6 +38,15 @@ class Samples(Protocol):
 
     def batch(self, indices: Sequence[int]) -> Any:
         """The micro-batch of these samples: a tensor or a tuple/dict of tensors, on the host."""
+        ...
+
+
+class AugmentedSamples(Samples, Protocol):
+    """Training samples that are augmented: the sampler calls `augmented_batch` instead of `batch`."""
+
+    def augmented_batch(self, indices: Sequence[int], draws: Sequence[int]) -> Any:
+        """`batch(indices)` with sample i augmented by randomness drawn from (seed, draws[i]); draws[i] is the
+        sample's position in the run's stream of samples, so a resumed run augments it identically."""
         ...
 
 
@@ -118,6 +130,8 @@ class Task:
     recipe_type: ClassVar[type[Recipe]]  # Recipe with this task's `model:` and `data:` sections
     unit: ClassVar[str] = "sample"  # what throughput counts, singular: "token", "image"
     commands: ClassVar[dict[str, str]] = {}  # its own commands: name -> module (HELP, add_arguments, run)
+    # Overrides applied to a checkpoint's saved recipe when it is read back (fields naming what may be gone since).
+    saved_recipe_overrides: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, recipe: Recipe) -> None:
         self.recipe: Any = recipe
@@ -145,7 +159,8 @@ class Task:
         return None
 
     def reference_model(self, parameters: float) -> dict[str, Any] | None:
-        """model: fields of a reference shape with about `parameters` parameters (`plan --parameters`), or None."""
+        """Recipe fields, dotted (`model.n_layer`; `data.*` where the data must fit that model), of a reference shape
+        with about `parameters` parameters (`plan --parameters`), or None."""
         return None
 
     def resumable_model_changes(self) -> frozenset[str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from {{ cookiecutter.package_name }}.checkpoint.layout import INDEX, SINGLE_FILE
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
 from {{ cookiecutter.package_name }}.tasks.language_model.families import family_part
@@ -23,8 +24,6 @@ if TYPE_CHECKING:
     import torch
 
 CONFIG = "config.json"
-SINGLE_FILE = "model.safetensors"
-INDEX = "model.safetensors.index.json"
 LLAMA = "LlamaForCausalLM"
 
 

@@ -14,27 +14,10 @@ from typing import Any
 
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint.io import load_full_state
-from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_recipe, resolve_checkpoint
+from {{ cookiecutter.package_name }}.checkpoint.layout import resolve_checkpoint
+from {{ cookiecutter.package_name }}.checkpoint.tensors import load_model
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.tasks.language_model.families import build_model
-
-# Module wrappers that activation checkpointing and torch.compile can leave in parameter names.
-WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
-
-
-def load_model(path: Path) -> tuple[torch.nn.Module, Recipe]:
-    """The trained model of a checkpoint folder, in eval mode on CPU, and the recipe it was trained with."""
-    recipe = checkpoint_recipe(path)
-    model = build_model(recipe.model)
-    weights = {}
-    for key, value in load_full_state(path)["model"].items():
-        for prefix in WRAPPER_PREFIXES:
-            key = key.replace(prefix, "")
-        weights[key] = value
-    model.load_state_dict(weights)
-    return model.eval(), recipe
 
 
 def text_codec(recipe: Recipe) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str], int | None]:

@@ -35,6 +35,8 @@ class LanguageModel(Task):
         "sample": "{{ cookiecutter.package_name }}.tasks.language_model.commands.sample",
         "export": "{{ cookiecutter.package_name }}.tasks.language_model.commands.export",
     }
+    # The weights init_from named are in a checkpoint now; the folder they came from may be gone.
+    saved_recipe_overrides = ("--model.init_from", "null")
     recipe: LanguageModelRecipe
 
     def check(self) -> None:
@@ -71,7 +73,7 @@ class LanguageModel(Task):
     def reference_model(self, parameters: float) -> dict[str, Any]:
         from {{ cookiecutter.package_name }}.tasks.language_model.sizing import reference_model
 
-        return reference_model(parameters)
+        return {f"model.{key}": value for key, value in reference_model(parameters).items()}
 
     def describe(self) -> str | None:
         if self.recipe.data.source != "prepared":

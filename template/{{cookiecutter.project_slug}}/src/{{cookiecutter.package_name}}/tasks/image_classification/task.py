@@ -1,0 +1,116 @@
+"""`task: image_classification`: a Vision Transformer (model.py) that classifies images.
+
+A sample is one image and its label; the loss is the cross entropy of the class logits; validation
+reports the loss and top-1 accuracy; throughput counts images. Its data are scikit-learn's bundled
+handwritten digits or a folder `prepare` made from an image folder (one subfolder per class). Its other
+commands: `prepare` (image folder -> uint8 shards), `predict` (the top classes of image files) and
+`export` (to transformers' ViTForImageClassification).
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.tasks.base import ModelCost, Splits, Task
+from {{ cookiecutter.package_name }}.tasks.image_classification.config import ImageClassificationRecipe
+from {{ cookiecutter.package_name }}.tasks.image_classification.prepare import check_data, describe_prepared  # numpy, no torch
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torchmetrics import Metric
+
+# Model fields a resumed run may change: they do not change the shapes of the saved tensors.
+RESUMABLE_MODEL_CHANGES = frozenset({"dropout"})
+
+
+class ImageClassification(Task):
+    """A ViT trained on labelled images."""
+
+    name = "image_classification"
+    recipe_type = ImageClassificationRecipe
+    unit = "image"
+    commands: ClassVar[dict[str, str]] = {
+        "prepare": "{{ cookiecutter.package_name }}.tasks.image_classification.commands.prepare",
+        "predict": "{{ cookiecutter.package_name }}.tasks.image_classification.commands.predict",
+        "export": "{{ cookiecutter.package_name }}.tasks.image_classification.commands.export",
+    }
+    recipe: ImageClassificationRecipe
+
+    def check(self) -> None:
+        model, data = self.recipe.model, self.recipe.data
+        for key in ("image_size", "patch_size", "channels", "n_layer", "n_head", "n_embd", "mlp_ratio"):
+            if (value := getattr(model, key)) < 1:
+                raise RecipeError(f"model.{key}={value} must be >= 1")
+        if model.num_classes < 2:
+            raise RecipeError(f"model.num_classes={model.num_classes} must be >= 2")
+        if model.image_size % model.patch_size:
+            raise RecipeError(
+                f"model.patch_size={model.patch_size} does not divide model.image_size={model.image_size}"
+            )
+        if model.n_embd % model.n_head:
+            raise RecipeError(f"model.n_head={model.n_head} does not divide model.n_embd={model.n_embd}")
+        if not 0 <= model.dropout < 1:
+            raise RecipeError(f"model.dropout={model.dropout} must be in [0, 1)")
+        if not model.norm_eps > 0:
+            raise RecipeError(f"model.norm_eps={model.norm_eps} must be > 0")
+        check_data(data, model)
+
+    def tensor_parallel_dimensions(self) -> dict[str, int]:
+        return {f"model.{key}": size for key, size in self.recipe.model.tensor_parallel_dimensions().items()}
+
+    def model_cost(self) -> ModelCost:
+        from {{ cookiecutter.package_name }}.tasks.image_classification.sizing import ViTShape
+
+        return ViTShape(self.recipe.model)
+
+    def reference_model(self, parameters: float) -> dict[str, Any]:
+        from {{ cookiecutter.package_name }}.tasks.image_classification.sizing import reference_model
+
+        # A reference ViT takes 224x224 RGB images: planned as trained on a prepared folder (plan reads no data).
+        fields = {f"model.{key}": value for key, value in reference_model(parameters).items()}
+        return {**fields, "data.source": "prepared", "data.path": "data/prepared"}
+
+    def describe(self) -> str | None:
+        if self.recipe.data.source != "prepared":
+            return None
+        return describe_prepared(self.recipe.data, self.recipe.model)
+
+    def resumable_model_changes(self) -> frozenset[str]:
+        return RESUMABLE_MODEL_CHANGES
+
+    def build_model(self) -> nn.Module:
+        from {{ cookiecutter.package_name }}.tasks.image_classification.model import ViT
+
+        return ViT(self.recipe.model)
+
+    def datasets(self) -> Splits:
+        from {{ cookiecutter.package_name }}.tasks.image_classification.data import load_splits
+
+        train, validation = load_splits(self.recipe.data, self.recipe.model, self.recipe.train.seed)
+        return Splits(train, validation)
+
+    def loss(self, model: Any, batch: Any) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        images, labels = batch
+        return F.cross_entropy(model(images), labels)
+
+    def validation_metrics(self) -> dict[str, Metric]:
+        from torchmetrics.aggregation import MeanMetric
+        from torchmetrics.classification import MulticlassAccuracy
+
+        return {"loss": MeanMetric(), "accuracy": MulticlassAccuracy(self.recipe.model.num_classes, average="micro")}
+
+    def validation_step(self, model: Any, batch: Any, metrics: dict[str, Metric]) -> None:
+        import torch.nn.functional as F
+
+        images, labels = batch
+        logits = model(images)
+        metrics["loss"].update(F.cross_entropy(logits, labels), weight=labels.numel())
+        metrics["accuracy"].update(logits, labels)  # top-1
+
+    def flops_per_unit(self) -> float:
+        return self.model_cost().training_flops_per_sample()
