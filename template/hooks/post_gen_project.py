@@ -23,7 +23,7 @@ PACKAGE = {{ cookiecutter.package_name | tojson }}
 TASK_FILES = {
     "language_model": [
         "benchmarks",
-        *(f"scripts/{name}.sh" for name in ("gpu_bench", "gpu_session", "soak")),
+        *(f"scripts/{name}.sh" for name in ("gpu_bench", "gpu_session")),
         "tests/corpus.py",
         *(f"tests/unit/test_{name}.py" for name in ("data", "hf", "models", "prepare", "prepare_benchmark", "sample")),
         *(f"tests/unit/test_{name}.py" for name in ("sizing", "observe", "plan", "strategy_recipes")),
@@ -32,7 +32,7 @@ TASK_FILES = {
         "tests/e2e/test_strategies.py",
     ],
     "image_classification": [
-        *(f"tests/unit/test_{name}.py" for name in ("vit", "vit_sizing", "image_data")),
+        *(f"tests/unit/test_{name}.py" for name in ("vit", "vit_sizing", "image_data", "image_commands")),
         "tests/e2e/test_image_classification.py",
     ],
 }

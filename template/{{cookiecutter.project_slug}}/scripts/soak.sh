@@ -18,7 +18,7 @@ STRATEGY=${2:-fsdp2}
 STEPS=${3:-150}
 WORK=$(mktemp -d -t soak-XXXXXX)
 ARGS=(train --config recipes/cpu-debug.yaml --strategy.name "$STRATEGY" --model.n_layer 2 --model.n_embd 64
-  --model.n_head 2 --model.block_size 64 --train.micro_batch_size 4 --train.max_steps "$STEPS"
+  --model.n_head 2{% if cookiecutter.task == "language_model" %} --model.block_size 64{% endif %} --train.micro_batch_size 4 --train.max_steps "$STEPS"
   --checkpoint.save_every_steps 3 --checkpoint.keep_last 3 --eval.every_steps 0 --logger.name csv
   --logger.log_every_steps 1000)
 

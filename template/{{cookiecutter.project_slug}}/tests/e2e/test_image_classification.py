@@ -1,7 +1,8 @@
 """The ViT under every strategy that runs on CPU, as real multi-process runs (gloo, 2 blocks, width 32, the digits).
 
-Same seed, same global batch of 8 images: ddp, FSDP2, HSDP, 2-way tensor parallel (which splits the 2 heads)
-and DeepSpeed ZeRO-3 are the same computation, augmentation included. A killed run resumes bitwise, a
+Same seed, same global batch of 8 images: ddp, FSDP2, HSDP, 2-way tensor parallel (which splits the 2 heads),
+FSDP2 with every block checkpointed and compiled, and DeepSpeed ZeRO-3 are the same computation, augmentation
+included. A killed run resumes bitwise, a
 folder `prepare` made from PNG files trains and resumes, checkpoints export to transformers'
 ViTForImageClassification with the same logits, `predict` names the classes, and the cpu-debug recipe
 learns the digits (validation accuracy well above 90%).
@@ -46,6 +47,11 @@ LAYOUTS: dict[str, tuple[list[str], int]] = {
     "fsdp2": ([], 1),  # 2 processes x 4
     "tp": (["--strategy.fsdp2.tensor_parallel_size", "2", "--train.micro_batch_size", "8"], 1),  # 1 x 8
     "hsdp": (["--strategy.name", "hsdp", "--num_nodes", "2", "--train.micro_batch_size", "2"], 2),  # 2 nodes x 2 x 2
+    # every block recomputed in backward and compiled, as the decoder's are
+    "fsdp2_checkpointing_compile": (
+        ["--strategy.activation_checkpointing", "true", "--strategy.compile", "true"],
+        1,
+    ),
 }
 ZERO3 = ["--strategy.name", "deepspeed", "--strategy.deepspeed.stage", "3"]
 
@@ -56,10 +62,12 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     return train_each_layout_once(tmp_path_factory, LAYOUTS, SHARED)
 
 
-def test_ddp_fsdp2_hsdp_and_tensor_parallel_train_the_vit_to_the_same_losses(trained: Callable[[str], Path]) -> None:
+def test_ddp_fsdp2_hsdp_tensor_parallel_and_compiled_blocks_train_the_vit_to_the_same_losses(
+    trained: Callable[[str], Path],
+) -> None:
     reference = train_losses(trained("ddp"))
     assert sorted(reference) == list(range(1, STEPS + 1))  # that it learns: the cpu-debug test at the end
-    for name in ("fsdp2", "hsdp", "tp"):
+    for name in ("fsdp2", "hsdp", "tp", "fsdp2_checkpointing_compile"):
         assert_same_losses(train_losses(trained(name)), reference, tolerance=1e-4)
 
 
@@ -165,3 +173,7 @@ def test_the_cpu_debug_recipe_learns_the_digits_and_predict_names_them(tmp_path:
     top = [line.split(": ")[1].split()[0] for line in lines]
     right = sum(label == str(digits.target[index]) for label, index in zip(top, chosen, strict=True))
     assert right >= 8, predicted.stdout
+    missing = run_cli("predict", str(tmp_path / "run"), str(tmp_path / "missing.png"))
+    assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
+        f"error: image {tmp_path / 'missing.png'} does not exist"
+    ]

@@ -8,6 +8,7 @@ import pytest
 import torch
 from helpers import RECIPES, cli_env
 from lightning.fabric.utilities.throughput import measure_flops
+
 from {{ cookiecutter.package_name }}.tasks.image_classification.config import ViTConfig
 from {{ cookiecutter.package_name }}.tasks.image_classification.model import ViT
 from {{ cookiecutter.package_name }}.tasks.image_classification.sizing import ViTShape, reference_model

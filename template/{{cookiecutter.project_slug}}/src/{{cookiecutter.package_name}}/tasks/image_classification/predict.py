@@ -23,10 +23,11 @@ def predict(checkpoint: str, images: list[str], top: int = 3) -> list[tuple[str,
     """(image, [(class name, probability)] most likely first) for each image file."""
     if top < 1:
         raise RecipeError(f"--top={top} must be >= 1")
+    path = resolve_checkpoint(checkpoint)
     for image in images:
         if not Path(image).is_file():
             raise RecipeError(f"image {image} does not exist")
-    model, recipe = load_model(resolve_checkpoint(checkpoint))
+    model, recipe = load_model(path)
     labels = class_names(recipe.data)
     size, channels = recipe.model.image_size, recipe.model.channels
     pixels = np.stack([decode_image(image, size, channels) for image in images])
