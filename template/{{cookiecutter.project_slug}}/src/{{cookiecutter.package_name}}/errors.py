@@ -37,13 +37,22 @@ class TrainingStopped(Exception):
         self.report = report
 
 
+MAX_ERROR_CHARACTERS = 1000
+
+
+def one_line(message: str) -> str:
+    """An error as printed: its first line, cut to MAX_ERROR_CHARACTERS (a value quoted in it may be huge)."""
+    line = message.splitlines()[0] if message.strip() else message
+    return line if len(line) <= MAX_ERROR_CHARACTERS else line[: MAX_ERROR_CHARACTERS - 3] + "..."
+
+
 def run_command(command: Callable[[], None]) -> None:
     """Run a command and end the process: user errors become one line and exit code 2, planned stops their code."""
     code = ExitCode.OK
     try:
         command()
     except RecipeError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {one_line(str(error))}", file=sys.stderr)
         code = ExitCode.USAGE
     except TrainingStopped as stopped:  # preempted (exit 75: requeued) or a non-finite loss (exit 3)
         if stopped.report:

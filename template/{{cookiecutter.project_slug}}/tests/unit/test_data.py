@@ -117,3 +117,14 @@ def test_validation_batches_are_disjoint_between_ranks() -> None:
     starts = {int(x[i, 0]) + 1000 * b for b, (x, _) in enumerate(first) for i in range(4)}
     assert len(first) == 3 and not any(torch.equal(a[0], b[0]) for a, b in zip(first, second, strict=False))
     assert len(starts) == 12
+
+
+@pytest.mark.parametrize("name", ["../outside.bin", "/etc/passwd", "sub/x.bin"])
+def test_a_manifest_naming_a_file_outside_its_folder_is_refused(tmp_path: Path, name: str) -> None:
+    from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import verify
+
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "outside.bin").write_bytes(b"\0" * 8)
+    manifest = {"dtype": "uint16", "tokenizer": {"sha256": ""}, "shards": [{"file": name, "tokens": 4, "sha256": ""}]}
+    with pytest.raises(RecipeError, match="not a file in the folder"):
+        verify(tmp_path, manifest, checksums=False)

@@ -49,3 +49,20 @@ def test_prepare_refuses_a_folder_without_classes_and_an_existing_output(
 def test_predict_refuses_a_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = fail_with(["predict", str(tmp_path / "nowhere"), str(tmp_path / "a.png")], capsys)
     assert "nowhere" in err
+
+
+def test_prepare_never_deletes_a_partial_folder_it_did_not_make(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from PIL import Image
+
+    for label in ("a", "b"):
+        (tmp_path / "images" / label).mkdir(parents=True)
+        for index in range(2):
+            Image.new("L", (8, 8), color=index * 100).save(tmp_path / "images" / label / f"{index}.png")
+    left = tmp_path / "out.partial"
+    left.mkdir()
+    (left / "notes.txt").write_text("keep")
+    err = fail_with(["prepare", str(tmp_path / "images"), "--out", str(tmp_path / "out"), "--image-size", "8"], capsys)
+    assert "out.partial exists" in err
+    assert (left / "notes.txt").read_text() == "keep" and not (tmp_path / "out").exists()

@@ -272,3 +272,15 @@ def test_describe_prepared_is_one_line_on_the_folder(prepared: Path, tmp_path: P
     line = describe_prepared(prepared_data(prepared), RGB)
     assert "\n" not in line and "19 images (8x8x3) of 3 classes" in line and "validation 6 images" in line
     assert "not prepared yet" in describe_prepared(prepared_data(tmp_path / "missing"), RGB)
+
+
+@pytest.mark.parametrize("name", ["../outside.bin", "/etc/passwd", "sub/x.bin", ".."])
+def test_a_manifest_naming_a_file_outside_its_folder_is_refused(prepared: Path, tmp_path: Path, name: str) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(prepared, copy)
+    (tmp_path / "outside.bin").write_bytes(b"\0" * 64)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["shards"]["train"][0]["file"] = name
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RecipeError, match="not a file in the folder"):
+        load_splits(prepared_data(copy), RGB, seed=0)

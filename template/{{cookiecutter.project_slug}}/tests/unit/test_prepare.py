@@ -259,3 +259,12 @@ def test_a_record_without_the_text_field_midway_leaves_nothing_behind(tmp_path: 
     with pytest.raises(RecipeError, match=r"in\.jsonl:3: no text field 'text' \(found: body"):
         prepare([str(tmp_path / "in.jsonl")], str(tmp_path / "out"), train_tokenizer=300, workers=1, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_prepare_never_deletes_a_partial_folder_it_did_not_make(tmp_path: Path, corpus: tuple[Path, list[str]]) -> None:
+    left = tmp_path / "out.partial"
+    left.mkdir()
+    (left / "notes.txt").write_text("keep")
+    result = run_cli(*prepare_args(corpus[0], tmp_path / "out", "--train-tokenizer", "400"))
+    assert result.returncode == 2 and "out.partial exists" in result.stderr, result.stderr
+    assert (left / "notes.txt").read_text() == "keep" and not (tmp_path / "out").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,55 @@ def test_check_recipe_names_the_field(change: dict, field: str) -> None:
             setattr(recipe, key, value)
     with pytest.raises(RecipeError, match=field.replace(".", r"\.")):
         check_recipe(recipe)
+
+
+def test_a_recipe_whose_aliases_explode_is_refused_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A few hundred bytes of nested aliases ("billion laughs") would expand to gigabytes; refused before building."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    bomb = write(tmp_path, "\n".join(lines) + "\ndevices: *a8\n")
+    assert bomb.stat().st_size < 1000
+    started = time.perf_counter()
+    err = fail_with(["train", "--config", str(bomb)], capsys)
+    assert "aliases expand it beyond" in err and time.perf_counter() - started < 5
+
+
+def test_a_huge_recipe_file_and_a_huge_value_give_a_short_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = fail_with(["train", "--config", str(write(tmp_path, "devices: 2\n" + "#" * (2 << 20) + "\n"))], capsys)
+    assert "a recipe is at most" in err
+    huge = write(tmp_path, "devices: [" + "1, " * 30_000 + "]\n")  # jsonargparse's message quotes the value
+    err = fail_with(["train", "--config", str(huge)], capsys)
+    assert "devices" in err and len(err) <= len("error: ") + 1000  # errors.MAX_ERROR_CHARACTERS
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        (["--train.max_steps", str(10**18)], "train.max_steps"),
+        (["--train.seed", str(2**63)], "train.seed"),
+        (["--train.seed", "-1"], "train.seed"),
+        (["--train.micro_batch_size", str(2**40)], "train.micro_batch_size"),
+    ],
+)
+def test_values_that_would_overflow_later_are_refused_at_the_recipe(
+    override: list[str], field: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = fail_with(
+        ["train", "--config", str(RECIPES / "cpu-debug.yaml"), *override, "--out_dir", str(tmp_path / "r")], capsys
+    )
+    assert f"{field}=" in err and not (tmp_path / "r").exists()
+
+
+def test_more_cpu_processes_than_the_machine_holds_are_refused_before_any_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from {{ cookiecutter.package_name }}.training.run import cpu_process_limit
+
+    devices = str(cpu_process_limit() + 1)
+    err = fail_with(
+        ["train", "--config", str(RECIPES / "cpu-debug.yaml"), "--devices", devices, "--out_dir", str(tmp_path / "r")],
+        capsys,
+    )
+    assert f"devices={devices} CPU processes on one node" in err

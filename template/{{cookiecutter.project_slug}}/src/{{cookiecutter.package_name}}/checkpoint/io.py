@@ -14,6 +14,7 @@ the final name is complete; one whose files do not match its meta.json is skippe
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 import time
 import warnings
@@ -33,6 +34,8 @@ from {{ cookiecutter.package_name }}.checkpoint.layout import (
     remove_old_checkpoints,
 )
 from {{ cookiecutter.package_name }}.checkpoint.rng import rng_state, set_rng_state
+from {{ cookiecutter.package_name }}.checkpoint.safety import check_metadata, load_tensors
+from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.strategies import strategy_class
@@ -237,6 +240,14 @@ def _async_save_sharded(fabric: Fabric, path: Path, state: dict[str, Any], proce
 def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any], recipe: Recipe) -> None:
     """Restore `state` in place from a checkpoint folder, including this rank's RNG states."""
     meta = read_meta(path)
+    # Every rank checks every small file before anything is unpickled, so that all refuse a crafted one alike.
+    if strategy_class(meta["strategy"]).checkpoint_layout == "sharded":  # torch.distributed.checkpoint's layout
+        from lightning.fabric.strategies.model_parallel import _METADATA_FILENAME
+
+        check_metadata(path / "state")
+        load_tensors(path / "state" / _METADATA_FILENAME)
+    for rng_file in sorted((path / "rng").glob("*.pt")):
+        load_tensors(rng_file)
     stateful = {key: value for key, value in state.items() if hasattr(value, "load_state_dict")}
     layouts = {
         strategy_class(meta["strategy"]).checkpoint_layout,
@@ -245,7 +256,11 @@ def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any], recipe: R
     if layouts == {"replicated", "sharded"}:  # ddp <-> fsdp2/hsdp
         _load_across_layouts(path, state)
     else:  # the same kind of strategy (also FSDP2 on another number of processes: DCP reshards)
-        fabric.load(path / "state", state, weights_only=True)
+        try:
+            fabric.load(path / "state", state, weights_only=True)
+        except pickle.UnpicklingError:  # a whole (ddp) state file holding more than tensors
+            load_tensors(path / "state", map_location="cpu", mmap=True)  # raises the one-line refusal
+            raise
     # Fabric's sharded loader puts the saved dict in place of objects such as the LR scheduler
     # instead of calling their load_state_dict; restore those objects here.
     for key, value in stateful.items():
@@ -254,7 +269,7 @@ def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any], recipe: R
             state[key] = value
     rng_file = path / "rng" / f"rank-{fabric.global_rank:05d}.pt"
     if meta["world_size"] == fabric.world_size and rng_file.is_file():
-        set_rng_state(torch.load(rng_file, weights_only=True))
+        set_rng_state(load_tensors(rng_file))
     else:
         # Another process count: per-rank streams cannot carry over; derive them from the step.
         fabric.seed_everything(recipe.train.seed + state["step"] * 1000 + fabric.global_rank, verbose=False)
@@ -309,9 +324,10 @@ def load_sharded_state(path: Path) -> dict[str, Any]:
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+    check_metadata(path)  # before torch's reader unpickles it
     full: dict[str, Any] = {}
     _load_state_dict(full, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
-    full.update(torch.load(path / _METADATA_FILENAME, weights_only=True))
+    full.update(load_tensors(path / _METADATA_FILENAME))
     return full
 
 
@@ -320,14 +336,21 @@ def load_full_state(path: Path) -> dict[str, Any]:
     state_path = path / "state"
     if state_path.is_dir():
         return load_sharded_state(state_path)
-    return torch.load(state_path, map_location="cpu", weights_only=True)
+    return load_tensors(state_path, map_location="cpu")
 
 
-def consolidate(path: Path, output: Path) -> dict[str, Any]:
-    """Write the model weights of a checkpoint as one file loadable with `torch.load(..., weights_only=True)`."""
+def consolidate(path: Path, output: Path, force: bool = False) -> dict[str, Any]:
+    """Write the model weights of a checkpoint as one file loadable with `torch.load(..., weights_only=True)`.
+    An existing output is replaced only with `force`, and never one inside a checkpoint folder."""
+    if output.resolve().is_relative_to(path.resolve().parent):
+        raise RecipeError(f"{output} is inside {path.parent}, where checkpoints live: write the weights elsewhere")
+    if output.exists() and not force:
+        raise RecipeError(f"{output} exists: choose another file, or pass --force to replace it")
+    temporary = output.with_name(output.name + ".partial")
+    if temporary.exists():
+        raise RecipeError(f"{temporary} exists (left by an interrupted run?): delete it, then run again")
     weights = load_full_state(path)["model"]
     output.parent.mkdir(parents=True, exist_ok=True)
-    temporary = output.with_name(output.name + ".partial")
     torch.save(weights, temporary)
     temporary.replace(output)
     return weights

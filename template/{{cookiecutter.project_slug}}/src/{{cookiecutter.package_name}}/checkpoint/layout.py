@@ -63,6 +63,16 @@ def checkpoint_recipe(path: Path) -> Recipe:
     return parse_recipe(["--config", str(path / "config.yaml"), *task.saved_recipe_overrides])
 
 
+def new_partial(target: Path) -> Path:
+    """`<target>.partial`, created empty for a command to write into and rename to `target` when complete. One that
+    exists is not this command's (an interrupted run's, or someone else's): it is refused, never deleted."""
+    partial = target.with_name(target.name + ".partial")
+    if partial.exists():
+        raise RecipeError(f"{partial} exists (left by an interrupted run?): look inside, delete it, then run again")
+    partial.mkdir(parents=True)
+    return partial
+
+
 def read_meta(path: Path) -> dict[str, Any]:
     """The metadata of a complete checkpoint."""
     return json.loads((path / META_FILE).read_text())

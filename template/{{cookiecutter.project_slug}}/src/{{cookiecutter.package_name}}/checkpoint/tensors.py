@@ -18,6 +18,7 @@ import torch
 
 from {{ cookiecutter.package_name }}.checkpoint.io import load_full_state
 from {{ cookiecutter.package_name }}.checkpoint.layout import INDEX, SINGLE_FILE, checkpoint_recipe, read_meta
+from {{ cookiecutter.package_name }}.checkpoint.safety import check_metadata, load_tensors
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.strategies import strategy_class
@@ -44,6 +45,7 @@ def checkpoint_tensor_reader(path: Path) -> tuple[set[str], Callable[[str], torc
     if layout == "sharded":
         from torch.distributed.checkpoint import FileSystemReader, load
 
+        check_metadata(state)  # before torch's reader unpickles it
         metadata = FileSystemReader(state).read_metadata().state_dict_metadata
         keys = {_clean(key.removeprefix("model.")): key for key in metadata if key.startswith("model.")}
 
@@ -67,7 +69,7 @@ def checkpoint_tensor_reader(path: Path) -> tuple[set[str], Callable[[str], torc
 
 def _memory_mapped(state: Path) -> dict[str, Any]:
     """A torch.save file opened by memory map: tensors are read from disk when used."""
-    return torch.load(state, map_location="cpu", weights_only=True, mmap=True)
+    return load_tensors(state, map_location="cpu", mmap=True)
 
 
 def _clean(name: str) -> str:

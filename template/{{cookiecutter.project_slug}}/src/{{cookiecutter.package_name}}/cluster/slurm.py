@@ -53,11 +53,39 @@ def time_limit_seconds(time: str) -> int:
     return seconds
 
 
-def check_job_options(time: str, cpus_per_task: int) -> int:
-    """Refuse job options SLURM would not take; the time limit in seconds."""
+# What SLURM takes for a job, partition and account name; nothing else is written into a job script, so a
+# value with a newline (which would start a command of its own in the script) never reaches one.
+SLURM_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,128}")
+SLURM_NAMES = re.compile(r"[A-Za-z0-9_.-]{1,128}(,[A-Za-z0-9_.-]{1,128})*")  # a partition list: gpu,gpu-long
+
+
+def check_job_options(
+    time: str, cpus_per_task: int, job_name: str | None = None, partition: str | None = None, account: str | None = None
+) -> int:
+    """Refuse job options SLURM would not take (and any that could break out of a job script); the time limit in
+    seconds."""
     if cpus_per_task < 1:
         raise RecipeError(f"--cpus_per_task={cpus_per_task} must be >= 1")
+    for flag, value, pattern, allowed in (
+        ("job_name", job_name, SLURM_NAME, "letters, digits, '_', '.', '+', '-'"),
+        ("partition", partition, SLURM_NAMES, "letters, digits, '_', '.', '-', comma-separated"),
+        ("account", account, SLURM_NAME, "letters, digits, '_', '.', '+', '-'"),
+    ):
+        if value is not None and not pattern.fullmatch(value):
+            raise RecipeError(f"--{flag}={shown(value)} is not a SLURM name: use {allowed} (at most 128)")
     return time_limit_seconds(time)
+
+
+def check_script_path(path: str) -> None:
+    """Refuse a recipe path that a job script could not hold on one line (control characters)."""
+    if any(ord(char) < 32 or ord(char) == 127 for char in path):
+        raise RecipeError(f"recipe path {shown(path)} has control characters: rename the file")
+
+
+def shown(value: str) -> str:
+    """A value as an error message shows it: repr (control characters visible), at most 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def gpus_per_node(recipe: Recipe) -> int:
@@ -75,6 +103,8 @@ def sbatch_script(
     cpus_per_task: int = 8,
 ) -> str:
     """An sbatch script that trains `recipe_path` with one task per device on `recipe.num_nodes` nodes."""
+    check_job_options(time, cpus_per_task, job_name, partition, account)
+    check_script_path(recipe_path)
     options = [f"--job-name={job_name}", f"--nodes={recipe.num_nodes}", f"--ntasks-per-node={recipe.devices}"]
     if gpus_per_node(recipe):
         options.append(f"--gpus-per-node={gpus_per_node(recipe)}")
@@ -88,7 +118,7 @@ def sbatch_script(
     ]
     header = [
         "#!/bin/bash",
-        f"# Train {recipe_path} on {recipe.num_nodes} node(s) x {recipe.devices} task(s), one per device.",
+        f"# Train {shlex.quote(recipe_path)} on {recipe.num_nodes} node(s) x {recipe.devices} task(s), one per device.",
         "# Submit: mkdir -p logs && sbatch job.sbatch [--key.sub value ...]  (recipe overrides)",
         *(f"#SBATCH {option}" for option in options),
     ]

@@ -22,6 +22,7 @@ from {{ cookiecutter.package_name }}.commands import as_subcommand, choose_a_com
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks import task_class
 
+PACKAGE = "{{ cookiecutter.package_name }}"
 HELP = "Checkpoints of a run."
 
 
@@ -38,6 +39,7 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
     consolidate = ArgumentParser(exit_on_error=False)
     consolidate.add_argument("path", help="A checkpoint folder (step-N), or a run: its newest.")
     consolidate.add_argument("output", help="File to write the model weights to.")
+    consolidate.add_argument("--force", action="store_true", help="Replace the output file if it exists.")
     actions.add_subcommand("consolidate", consolidate, help="One weights file for plain PyTorch.")
 
 
@@ -51,7 +53,7 @@ def run(argv: list[str], prog: str) -> None:
     elif args.action == "inspect":
         inspect_checkpoint(args.inspect.path)
     else:
-        consolidate_checkpoint(args.consolidate.path, args.consolidate.output)
+        consolidate_checkpoint(args.consolidate.path, args.consolidate.output, args.consolidate.force)
 
 
 def folder_size(path: Path) -> int:
@@ -94,12 +96,14 @@ def inspect_checkpoint(name: str) -> None:
     print(f"config       {path / 'config.yaml'}")
 
 
-def consolidate_checkpoint(name: str, output: str) -> None:
+def consolidate_checkpoint(name: str, output: str, force: bool = False) -> None:
     """Write a checkpoint's weights as one plain PyTorch file."""
     path = resolve_checkpoint(name)
     from {{ cookiecutter.package_name }}.checkpoint.io import consolidate  # imports torch: once the path is checked
 
-    weights = consolidate(path, Path(output))
+    weights = consolidate(path, Path(output), force)
     print(f"Wrote {len(weights)} tensors ({sum(t.numel() for t in weights.values()):,} parameters) to {output}")
-    print(f"Load: model = build_model(ModelConfig(**yaml.safe_load(open('{path / 'config.yaml'}'))['model']))")
+    print(
+        f"Load: model = task_for(load_recipe('{path / 'config.yaml'}')).build_model()  # {PACKAGE}.tasks, .recipe.load"
+    )
     print(f"      model.load_state_dict(torch.load('{output}', weights_only=True))")

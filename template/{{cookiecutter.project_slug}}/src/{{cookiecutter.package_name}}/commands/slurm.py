@@ -26,7 +26,7 @@ def run(argv: list[str], prog: str) -> None:
     args = parse_arguments(prog, "slurm", add_arguments, argv)
     path = find_recipe(args.recipe)
     recipe = load_recipe(path)
-    check_job_options(args.time, args.cpus_per_task)
+    check_job_options(args.time, args.cpus_per_task, args.job_name, args.partition, args.account)
     # Relative to the folder sbatch is run from (the job starts there), so the script works on any clone.
     relative = os.path.relpath(path.resolve())
     recipe_path = str(path.resolve()) if relative.startswith("..") else relative

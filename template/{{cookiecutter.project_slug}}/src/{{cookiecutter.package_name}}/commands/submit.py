@@ -49,7 +49,9 @@ def run(argv: list[str], prog: str) -> None:
         options = parser.parse_args([*own, *([name] if name else [])])
     except Exception as error:  # jsonargparse's ArgumentError spans lines; keep the first
         raise RecipeError(first_line(error)) from None
-    seconds = check_job_options(options.time, options.cpus_per_task)
+    seconds = check_job_options(
+        options.time, options.cpus_per_task, options.job_name, options.partition, options.account
+    )
     if options.max_timeouts < 0:
         raise RecipeError(f"--max_timeouts={options.max_timeouts} must be >= 0")
     path = find_recipe(options.recipe)

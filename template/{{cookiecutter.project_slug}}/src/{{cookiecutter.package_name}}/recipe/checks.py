@@ -52,6 +52,20 @@ def _check_values(recipe: Recipe) -> None:
     for name, (value, minimum) in at_least.items():
         if value < minimum:
             raise RecipeError(f"{name}={value} must be >= {minimum}")
+    # Upper bounds: what later overflows or cannot be allocated (Lightning seeds with 32-bit seeds).
+    at_most = {
+        "devices": (recipe.devices, 4096),
+        "num_nodes": (recipe.num_nodes, 100_000),
+        "train.max_steps": (recipe.train.max_steps, 10**12),
+        "train.micro_batch_size": (recipe.train.micro_batch_size, 2**20),
+        "train.grad_accum_steps": (recipe.train.grad_accum_steps, 2**20),
+        "train.seed": (recipe.train.seed, 2**32 - 1),
+    }
+    for name, (value, maximum) in at_most.items():
+        if value > maximum:
+            raise RecipeError(f"{name}={value} must be <= {maximum:,}")
+    if recipe.train.seed < 0:
+        raise RecipeError(f"train.seed={recipe.train.seed} must be >= 0")
     if recipe.logger.upload_final_weights and recipe.logger.name != "wandb":
         raise RecipeError(
             f"logger.upload_final_weights=true uploads a W&B artifact: it needs logger.name=wandb,"

@@ -23,6 +23,10 @@ from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.strategies import strategy_class
 from {{ cookiecutter.package_name }}.tasks import task_class
 
+# A recipe file is small: a bound on its size and on what its aliases expand to (nothing near either is a recipe).
+MAX_RECIPE_BYTES = 1 << 20
+MAX_RECIPE_NODES = 100_000
+
 
 def recipe_parser(prog: str = "train", recipe_type: type[Recipe] | None = None) -> ArgumentParser:
     """A parser for a recipe file plus dotted command-line overrides (of the default task's Recipe unless given)."""
@@ -127,14 +131,20 @@ def _read_recipe_file(path: Path, source: str) -> dict[str, Any] | None:
     """
     if not path.is_file():
         return None  # jsonargparse names the missing file
+    if path.stat().st_size > MAX_RECIPE_BYTES:
+        raise RecipeError(f"{source}: {path.stat().st_size:,} bytes; a recipe is at most {MAX_RECIPE_BYTES:,}")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        _check_expansion(yaml.compose(text), source)
+        data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         raise RecipeError(f"{source}: {where}{error.problem or error}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise RecipeError(f"{source}: not a YAML file ({str(error).splitlines()[0]})") from None
+    except RecursionError:
+        raise RecipeError(f"{source}: nested too deeply to be a recipe") from None
     if data is None:
         raise RecipeError(f"{source}: the file is empty (a recipe is a mapping of keys: devices, strategy, train, ...)")
     if not isinstance(data, dict):
@@ -142,6 +152,33 @@ def _read_recipe_file(path: Path, source: str) -> dict[str, Any] | None:
             f"{source}: must be a mapping of keys (devices: 2, strategy: ..., train: ...), not a {type(data).__name__}"
         )
     return data
+
+
+def _check_expansion(root: yaml.Node | None, source: str) -> None:
+    """Refuse a document whose aliases expand it beyond MAX_RECIPE_NODES nodes (nested aliases make a few
+    hundred bytes into gigabytes: "billion laughs"), counted on the composed graph before anything is built."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        if id(node) not in sizes:
+            sizes[id(node)] = 0  # a node that contains itself counts once
+            children: list[yaml.Node] = []
+            if isinstance(node, yaml.SequenceNode):
+                children = list(node.value)
+            elif isinstance(node, yaml.MappingNode):
+                children = [item for pair in node.value for item in pair]
+            total = 1
+            for child in children:
+                total += size(child)
+                if total > MAX_RECIPE_NODES:
+                    break
+            sizes[id(node)] = total
+        return sizes[id(node)]
+
+    if root is not None and size(root) > MAX_RECIPE_NODES:
+        raise RecipeError(
+            f"{source}: its aliases expand it beyond {MAX_RECIPE_NODES:,} values; a recipe is not that big"
+        )
 
 
 def _check_keys(data: dict[Any, Any], cls: Any, prefix: str, source: str) -> None:

@@ -142,7 +142,7 @@ def upload_final_weights(loggers: list[Logger], checkpoints: Path) -> None:
         return
     import wandb
 
-    weights = consolidate(latest, latest.parent.parent / "final" / "weights.pt")
+    weights = consolidate(latest, latest.parent.parent / "final" / "weights.pt", force=True)  # the run's own file
     artifact = wandb.Artifact(
         f"model-{experiment.id}",
         type="model",

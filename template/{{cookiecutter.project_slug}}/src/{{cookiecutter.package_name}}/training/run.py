@@ -47,6 +47,19 @@ class Run:
     resumed_from: Path | None
 
 
+# CPU training processes one node may start per core it can use: beyond that the processes only wait on each
+# other (the tests run 4 on 2 cores), and a typo like devices=64 would exhaust the machine.
+CPU_PROCESSES_PER_CORE = 4
+
+
+def cpu_process_limit() -> int:
+    """The most CPU training processes this machine starts per node."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return CPU_PROCESSES_PER_CORE * cores
+
+
 def resolve_accelerator(recipe: Recipe) -> str:
     """The accelerator this machine will use for the recipe; refuses cuda where no GPU is visible."""
     has_cuda = torch.cuda.is_available()
@@ -62,6 +75,11 @@ def build_fabric(recipe: Recipe, strategy: TrainingStrategy, loggers: list[Logge
     accelerator = resolve_accelerator(recipe)
     if accelerator == "cuda" and recipe.devices > torch.cuda.device_count():
         raise RecipeError(f"devices={recipe.devices} but this machine has {torch.cuda.device_count()} GPU(s)")
+    if accelerator == "cpu" and recipe.devices > (limit := cpu_process_limit()):
+        raise RecipeError(
+            f"devices={recipe.devices} CPU processes on one node, but this machine has {limit // CPU_PROCESSES_PER_CORE}"
+            f" core(s): at most {limit} ({CPU_PROCESSES_PER_CORE} per core)"
+        )
     capability = torch.cuda.get_device_capability() if accelerator == "cuda" else None
     check_hardware(recipe, accelerator, capability, found=True)  # the same rules as at parse time, on this machine
     check_launcher(recipe, accelerator)  # fabric run / torchrun / srun must start the recipe's layout

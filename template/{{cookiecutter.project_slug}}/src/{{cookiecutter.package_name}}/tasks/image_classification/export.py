@@ -9,14 +9,13 @@ so no more than one output file's tensors are held at once.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_recipe
+from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_recipe, new_partial
 from {{ cookiecutter.package_name }}.checkpoint.tensors import checkpoint_tensor_reader, write_safetensors
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.image_classification.config import ViTConfig
@@ -54,9 +53,7 @@ def export_hf(path: Path, out_dir: Path, max_shard_bytes: int, labels: list[str]
     if max_shard_bytes < 1:
         raise RecipeError(f"--max-shard-bytes={max_shard_bytes} must be >= 1")
     names, read = checkpoint_tensor_reader(path)
-    partial = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    partial = new_partial(out_dir)
     written = write_safetensors(hf_weights(config, names, read), partial, max_shard_bytes)
     (partial / CONFIG).write_text(json.dumps(hf_config(config, written["dtype"], labels), indent=2) + "\n")
     (partial / PREPROCESSOR_CONFIG).write_text(json.dumps(preprocessor_config(config), indent=2) + "\n")

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from {{ cookiecutter.package_name }}.checkpoint.layout import new_partial
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.image_classification.config import ImageDataConfig, ViTConfig
 
@@ -259,9 +260,7 @@ def prepare_images(
     if not held_out.any():
         raise RecipeError(f"input {input_folder!r}: no class has 2 images, so none can be held out for validation")
 
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)  # what an interrupted prepare into the same folder left
-    partial.mkdir(parents=True)
+    partial = new_partial(target)
     try:
         writers = {split: ShardWriter(partial, split, shard_images) for split in SPLITS}
         shown = Progress(len(images), progress)
@@ -340,6 +339,8 @@ def verify(folder: Path, manifest: dict[str, Any], checksums: bool = True, field
     for shard in (shard for split in SPLITS for shard in manifest["shards"][split]):
         pixels = (shard["file"], image_bytes, shard["sha256"])
         for name, item_bytes, sha256 in (pixels, (shard["labels"], LABEL_DTYPE.itemsize, shard["labels_sha256"])):
+            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+                raise RecipeError(f"{where}: {MANIFEST} names {str(name)[:60]!r}, not a file in the folder (refused)")
             path, size = folder / name, shard["images"] * item_bytes
             if not path.is_file():
                 raise RecipeError(f"{where}: {name} is missing ({MANIFEST} lists it; prepare again)")

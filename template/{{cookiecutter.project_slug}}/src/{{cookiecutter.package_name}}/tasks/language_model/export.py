@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_recipe
+from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_recipe, new_partial
 from {{ cookiecutter.package_name }}.checkpoint.tensors import DEFAULT_SHARD_BYTES, checkpoint_tensor_reader, write_safetensors
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
@@ -67,9 +67,7 @@ def export_hf(path: Path, out_dir: Path, max_shard_bytes: int = DEFAULT_SHARD_BY
     if max_shard_bytes < 1:
         raise RecipeError(f"--max-shard-bytes={max_shard_bytes} must be >= 1")
     names, read = checkpoint_tensor_reader(path)
-    partial = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    partial = new_partial(out_dir)
     written = write_safetensors(hf_weights(recipe, names, read), partial, max_shard_bytes)
     eos_id = copy_tokenizer(recipe, partial)
     config = hf_config(recipe.model, written["dtype"], eos_id)

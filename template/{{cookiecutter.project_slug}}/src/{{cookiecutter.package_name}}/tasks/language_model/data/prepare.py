@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from {{ cookiecutter.package_name }}.checkpoint.layout import new_partial
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import (
     FORMAT,
@@ -288,9 +289,7 @@ def prepare(
     if tokenizer is not None:
         eos_id(tokenizer, f"--tokenizer {tokenizer_file!r}")
 
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)  # what an interrupted prepare into the same folder left
-    partial.mkdir(parents=True)
+    partial = new_partial(target)
     try:
         if tokenizer is None:
             tokenizer = train_byte_level_bpe(

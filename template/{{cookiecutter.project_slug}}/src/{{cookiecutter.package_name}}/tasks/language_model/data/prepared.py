@@ -168,6 +168,8 @@ def verify(folder: Path, manifest: dict[str, Any], checksums: bool = True, field
     files = [(TOKENIZER, None, manifest["tokenizer"]["sha256"])]
     files += [(shard["file"], shard["tokens"] * itemsize, shard["sha256"]) for shard in manifest["shards"]]
     for name, size, sha256 in files:
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise RecipeError(f"{where}: {MANIFEST} names {str(name)[:60]!r}, not a file in the folder (refused)")
         path = folder / name
         if not path.is_file():
             raise RecipeError(f"{where}: {name} is missing ({MANIFEST} lists it; prepare again)")

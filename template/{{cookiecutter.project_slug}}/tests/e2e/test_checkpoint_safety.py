@@ -1,0 +1,106 @@
+"""A checkpoint from an untrusted source runs no code: a `.metadata` or RNG file crafted to create a file when
+unpickled is refused in one line by every command that reads checkpoints (resume, inspect, consolidate,
+export), and the file is never created. The checkpoints a run writes still load."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+from helpers import UNIT, run_cli, train_args
+
+pytestmark = pytest.mark.slow
+
+# No validation; the GPT exports in GPT-2's layout only with biases.
+SETTINGS = ["--eval.every_steps", "0", *(["--model.bias", "true"] if UNIT == "token" else [])]
+
+
+class Payload:
+    """Unpickling this creates `marker` (as `open(marker, "w")` does): what a crafted checkpoint would run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return open, (str(self.marker), "w")
+
+
+def craft(checkpoint: Path, relative: str, marker: Path) -> None:
+    """Replace one file of a complete checkpoint with the payload, keeping meta.json's sizes consistent."""
+    target = checkpoint / relative
+    target.write_bytes(pickle.dumps({"model": Payload(marker)}))
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    meta["files"][relative] = target.stat().st_size
+    (checkpoint / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-step fsdp2 run (sharded checkpoint at step 2)."""
+    out_dir = tmp_path_factory.mktemp("run")
+    result = run_cli(*train_args(out_dir, "--train.max_steps", "2", *SETTINGS))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out_dir
+
+
+@pytest.mark.parametrize("relative", ["state/.metadata", "rng/rank-00000.pt", "state/meta.pt"])
+def test_a_crafted_checkpoint_runs_no_code_in_any_command(run: Path, tmp_path: Path, relative: str) -> None:
+    import shutil
+
+    out_dir = tmp_path / "run"
+    shutil.copytree(run, out_dir)
+    checkpoint = out_dir / "checkpoints" / "step-00000002"
+    marker = tmp_path / "pwned"
+    craft(checkpoint, relative, marker)
+    commands = {
+        "resume": train_args(out_dir, "--train.max_steps", "3", *SETTINGS),
+        "inspect": ["checkpoint", "inspect", str(checkpoint)],
+        "consolidate": ["checkpoint", "consolidate", str(checkpoint), str(tmp_path / "weights.pt")],
+        "export": ["export", str(checkpoint), str(tmp_path / "hf")],
+    }
+    readers = {
+        "state/.metadata": commands,
+        "rng/rank-00000.pt": ["resume"],
+        "state/meta.pt": ["resume", "inspect", "consolidate"],
+    }
+    commands = {name: args for name, args in commands.items() if name in readers[relative]}  # the commands that read it
+    for name, args in commands.items():
+        result = run_cli(*args)
+        assert result.returncode == 2, (name, result.stdout[-2000:], result.stderr[-3000:])
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert errors and "is not read" in errors[0], (name, result.stderr[-3000:])
+        assert "Traceback" not in result.stderr, (name, result.stderr[-3000:])
+        assert not marker.exists(), name
+    assert not (tmp_path / "weights.pt").exists()
+
+
+def test_the_checkpoints_a_run_writes_still_load(run: Path, tmp_path: Path) -> None:
+    result = run_cli("checkpoint", "consolidate", str(run), str(tmp_path / "weights.pt"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "weights.pt").is_file()
+
+
+def test_consolidate_replaces_an_output_only_when_forced_and_never_inside_the_checkpoints(
+    run: Path, tmp_path: Path
+) -> None:
+    output = tmp_path / "weights.pt"
+    output.write_text("mine")
+    refused = run_cli("checkpoint", "consolidate", str(run), str(output))
+    assert refused.returncode == 2 and "exists" in refused.stderr and output.read_text() == "mine"
+    forced = run_cli("checkpoint", "consolidate", str(run), str(output), "--force")
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    meta = run / "checkpoints" / "step-00000002" / "meta.json"
+    before = meta.read_bytes()
+    inside = run_cli("checkpoint", "consolidate", str(run), str(meta), "--force")
+    assert inside.returncode == 2 and "where checkpoints live" in inside.stderr and meta.read_bytes() == before
+
+
+def test_export_never_deletes_a_partial_folder_it_did_not_make(run: Path, tmp_path: Path) -> None:
+    left = tmp_path / "hf.partial"
+    left.mkdir()
+    (left / "someone's file").write_text("keep")
+    result = run_cli("export", str(run), str(tmp_path / "hf"))
+    assert result.returncode == 2 and "hf.partial exists" in result.stderr
+    assert (left / "someone's file").read_text() == "keep" and not (tmp_path / "hf").exists()
