@@ -104,3 +104,22 @@ def test_export_never_deletes_a_partial_folder_it_did_not_make(run: Path, tmp_pa
     result = run_cli("export", str(run), str(tmp_path / "hf"))
     assert result.returncode == 2 and "hf.partial exists" in result.stderr
     assert (left / "someone's file").read_text() == "keep" and not (tmp_path / "hf").exists()
+
+
+def test_a_checkpoint_config_whose_aliases_explode_is_refused_at_once(run: Path, tmp_path: Path) -> None:
+    import shutil
+    import time
+
+    out_dir = tmp_path / "run"
+    shutil.copytree(run, out_dir)
+    checkpoint = out_dir / "checkpoints" / "step-00000002"
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    (checkpoint / "config.yaml").write_text("\n".join(lines) + "\nmodel: *a8\n")
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    meta["files"]["config.yaml"] = (checkpoint / "config.yaml").stat().st_size
+    (checkpoint / "meta.json").write_text(json.dumps(meta))
+    started = time.perf_counter()
+    result = run_cli("export", str(checkpoint), str(tmp_path / "hf"))
+    assert result.returncode == 2 and "aliases expand it beyond" in result.stderr, result.stderr[-2000:]
+    assert time.perf_counter() - started < 60  # not the minutes and gigabytes a full expansion takes

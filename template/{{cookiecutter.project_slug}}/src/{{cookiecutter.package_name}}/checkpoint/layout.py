@@ -17,8 +17,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.tasks import task_class, task_for
@@ -56,10 +54,10 @@ def checkpoint_recipe(path: Path) -> Recipe:
     """The recipe a checkpoint folder was saved with. What its task says may be gone since (the language model's
     model.init_from: the weights are in the checkpoint now, the folder they first came from may not be) is not
     checked again."""
-    from {{ cookiecutter.package_name }}.recipe.load import parse_recipe  # jsonargparse: only when asked
+    from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, read_recipe_file  # jsonargparse: only when asked
 
-    saved = yaml.safe_load((path / "config.yaml").read_text()) or {}
-    task = task_class(saved.get("task", Recipe.task) if isinstance(saved, dict) else Recipe.task)
+    saved = read_recipe_file(path / "config.yaml", f"checkpoint {path}: config.yaml") or {}  # bounded, as any recipe
+    task = task_class(saved.get("task", Recipe.task))
     return parse_recipe(["--config", str(path / "config.yaml"), *task.saved_recipe_overrides])
 
 
@@ -212,7 +210,9 @@ def check_same_model(path: Path, recipe: Recipe) -> None:
     saved_file = path / "config.yaml"
     if not saved_file.is_file():
         return
-    saved = (yaml.safe_load(saved_file.read_text()) or {}).get("model", {})
+    from {{ cookiecutter.package_name }}.recipe.load import read_recipe_file  # bounded: a checkpoint's config.yaml is a recipe like any
+
+    saved = (read_recipe_file(saved_file, f"checkpoint {path}: config.yaml") or {}).get("model", {})
     current = recipe.to_dict()["model"]
     resumable = task_for(recipe).resumable_model_changes()  # fields that do not change the saved tensors' shapes
     compared = [key for key in current if key in saved and key not in resumable]

@@ -34,6 +34,19 @@ def load_model(path: Path) -> tuple[torch.nn.Module, Recipe]:
     recipe = checkpoint_recipe(path)
     model = task_for(recipe).build_model()
     weights = {_clean(key): value for key, value in load_full_state(path)["model"].items()}
+    expected = model.state_dict()
+    missing, unexpected = sorted(expected.keys() - weights.keys()), sorted(weights.keys() - expected.keys())
+    wrong = sorted(name for name in expected.keys() & weights.keys() if expected[name].shape != weights[name].shape)
+    if missing or unexpected or wrong:
+        first = (
+            (missing and f"no {missing[0]}")
+            or (unexpected and f"an unknown {unexpected[0]}")
+            or f"{wrong[0]} of another shape"
+        )
+        raise RecipeError(
+            f"checkpoint {path} does not fit the model its config.yaml describes ({first}; {len(missing)} missing,"
+            f" {len(unexpected)} unknown, {len(wrong)} of another shape): saved by another version of the model code?"
+        )
     model.load_state_dict(weights)
     return model.eval(), recipe
 

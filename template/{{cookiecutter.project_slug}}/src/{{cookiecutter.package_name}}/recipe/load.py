@@ -41,7 +41,7 @@ def parse_recipe(argv: list[str], prog: str = "train") -> Recipe:
     """Parse and check a recipe; raises RecipeError with a one-line message."""
     source = _config_source(argv)
     files = _config_files(argv)
-    documents = [_read_recipe_file(path, source) for path in files]
+    documents = [read_recipe_file(path, source) for path in files]
     try:
         recipe_type = task_class(_task_name(argv, documents)).recipe_type
     except RecipeError as error:
@@ -121,7 +121,7 @@ def _task_name(argv: list[str], documents: list[dict[str, Any] | None]) -> str:
     return name
 
 
-def _read_recipe_file(path: Path, source: str) -> dict[str, Any] | None:
+def read_recipe_file(path: Path, source: str) -> dict[str, Any] | None:
     """A recipe file's mapping (None when the file is missing: jsonargparse names it); refuses a file that is
     not YAML, is empty or is not a mapping (its keys are checked against the task's schema by the caller).
 
