@@ -262,3 +262,24 @@ def assert_same_losses(actual: dict[int, float], expected: dict[int, float], tol
     assert sorted(actual) == sorted(expected)
     for step, loss in expected.items():
         assert abs(actual[step] - loss) <= tolerance, f"step {step}: {actual[step]} vs {loss}"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process runs (not gone, not a zombie waiting for its parent to collect it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def child_processes(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux)."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(status.read_text().rsplit(")", 1)[1].split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if parent == pid:
+            found.append(int(status.parent.name))
+    return found

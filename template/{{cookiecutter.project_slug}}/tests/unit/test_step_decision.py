@@ -63,6 +63,7 @@ def test_a_signal_only_sets_a_flag_and_rank_zero_requeues_the_slurm_job(scontrol
         == "preempted by SIGUSR1 at step 12, checkpoint saved; requeued SLURM job 99, it resumes from this checkpoint"
     )
     assert scontrol_calls.read_text() == "requeue 99\n"
+    preemption.reached_boundary()  # as the loop does: the stop deadline no longer applies
 
 
 @pytest.mark.usefixtures("restore_signal_handlers")
@@ -72,6 +73,7 @@ def test_outside_slurm_a_signal_stops_without_requeueing(monkeypatch: pytest.Mon
     os.kill(os.getpid(), signal.SIGTERM)
     assert decide(OneProcess(), torch.tensor(1.0), "stop", preemption.received, False).preempted
     assert "not a SLURM job, so nothing is requeued" in str(preemption.requeue(3, signal.SIGTERM, rank=0))
+    preemption.reached_boundary()
 
 
 @pytest.mark.usefixtures("restore_signal_handlers")
@@ -90,6 +92,7 @@ def test_in_a_submitit_job_submitits_signal_stops_the_run_and_submitit_not_scont
         == "preempted by SIGUSR2 at step 7, checkpoint saved; submitit requeues the job, it resumes from this checkpoint"
     )
     assert not scontrol_calls.exists()
+    preemption.reached_boundary()
 
 
 def test_the_step_decision_stops_or_skips_on_nan_and_inf_and_passes_finite_losses() -> None:

@@ -10,13 +10,13 @@ every file) is written last, so a folder with the final name whose files match m
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+from {{ cookiecutter.package_name }}.checkpoint.lock import launched_rank
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.tasks import task_class, task_for
@@ -182,7 +182,7 @@ def resolve_resume(recipe: Recipe) -> Path | None:
             )
         path = complete[-1] if complete else None
         skipped = sorted(p for p in not_complete if path is None or step_of(p) > step_of(path))
-        if skipped and _launched_rank() == 0:
+        if skipped and launched_rank() == 0:
             kind = {True: "unfinished", False: "incomplete"}
             said = "; ".join(
                 f"skipping {kind[p.name.endswith('.partial')]} checkpoint {p}: {not_complete[p]}" for p in skipped
@@ -224,11 +224,3 @@ def check_same_model(path: Path, recipe: Recipe) -> None:
             f"checkpoint {path} was saved for another model ({', '.join(differ)}): resume it with the same model"
             " settings, or start afresh in another out_dir or with --checkpoint.resume null"
         )
-
-
-def _launched_rank() -> int:
-    """This process's global rank as launchers set it (0 before any launch): only rank 0 speaks."""
-    for variable in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
-        if variable in os.environ:
-            return int(os.environ[variable])
-    return 0

@@ -14,6 +14,7 @@ import os
 from lightning.fabric import Fabric
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
+from {{ cookiecutter.package_name }}.cluster.lifecycle import mark_launcher
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 
@@ -30,6 +31,7 @@ def launched_by_fabric_run() -> bool:
 def start_processes(fabric: Fabric) -> None:
     """Launch the processes the recipe asks for, unless a launcher already did."""
     if not launched_by_fabric_run():
+        mark_launcher()  # the ranks it starts die with it (cluster/lifecycle.py)
         fabric.launch()
 
 

@@ -11,6 +11,11 @@ part of Fabric), so it is written here:
   ExitCode.REQUEUE, which scripts/slurm/train.sbatch treats as "saved and requeued". The requeued
   job resumes from that checkpoint through `checkpoint.resume: auto`. In a job of submitit's, submitit
   requeues it instead (submit.py), so nothing is requeued here.
+A step may never reach its boundary (a huge grad_accum_steps, a hung data source), so the stop is
+bounded: a second signal, or `checkpoint.stop_deadline_seconds` after the first with the step still
+running, ends the process at once without saving, from a watchdog thread whatever the loop is doing.
+It still requeues a SLURM job and exits with ExitCode.REQUEUE: the job resumes from the last checkpoint
+(or starts over when there is none) instead of ending as killed (143), which SLURM would not requeue.
 """
 
 from __future__ import annotations
@@ -18,8 +23,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import threading
 from types import FrameType
 
+from {{ cookiecutter.package_name }}.checkpoint.lock import launched_rank
 from {{ cookiecutter.package_name }}.errors import ExitCode, TrainingStopped
 
 SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
@@ -35,34 +43,61 @@ class Preempted(TrainingStopped):
 
 
 class Preemption:
-    """Catches SIGUSR1/SIGUSR2/SIGTERM on this rank; the ranks agree on it in the step decision."""
+    """Catches SIGUSR1/SIGUSR2/SIGTERM on this rank; the ranks agree on it in the step decision.
 
-    def __init__(self) -> None:
+    `deadline_seconds`: how long the step in progress may run on after the first signal (the recipe's
+    checkpoint.stop_deadline_seconds once it is read); a second signal does not wait.
+    """
+
+    def __init__(self, deadline_seconds: float = 60.0) -> None:
         self.received = 0  # number of the first signal this rank caught
+        self.deadline_seconds = deadline_seconds
+        self._watchdog: threading.Timer | None = None
         for signum in SIGNALS:
             signal.signal(signum, self._catch)
 
     def _catch(self, signum: int, frame: FrameType | None) -> None:
         # Only a flag: saving from inside a handler could interrupt a collective halfway through.
-        self.received = self.received or signum
+        if self.received:
+            self._stop_now(f"a second signal ({signal.Signals(signum).name})")
+        self.received = signum
+        why = f"no step boundary within {self.deadline_seconds:g} s of {signal.Signals(signum).name}"
+        self._watchdog = threading.Timer(self.deadline_seconds, self._stop_now, args=(why,))
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def reached_boundary(self) -> None:
+        """The ranks agreed to stop at this step boundary: the save that follows is not cut short."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+
+    def _stop_now(self, why: str) -> None:
+        """End this process at once, without saving: requeued like any preemption (rank 0 on SLURM), exit 75."""
+        requeued = _requeue(f"{why}: exiting without saving", launched_rank(), "the newest checkpoint")
+        print(f"stopped: {requeued}", file=sys.stderr, flush=True)
+        os._exit(ExitCode.REQUEUE)  # from any thread; the interpreter's teardown could wait on a hung collective
 
     def requeue(self, step: int, agreed_signal: int, rank: int) -> Preempted:
         """Ask SLURM to requeue this job (rank 0 only); the exception the job exits with (ExitCode.REQUEUE)."""
-        return Preempted(self._requeue(step, agreed_signal, rank), agreed_signal, report=rank == 0)
-
-    def _requeue(self, step: int, agreed_signal: int, rank: int) -> str:
-        job = os.environ.get("SLURM_JOB_ID")
         why = f"preempted by {signal.Signals(agreed_signal).name} at step {step}, checkpoint saved"
-        if os.environ.get(SUBMITIT_JOB):
-            return f"{why}; submitit requeues the job, it resumes from this checkpoint"
-        if job is None:
-            return f"{why}; not a SLURM job, so nothing is requeued: rerun with checkpoint.resume=auto to continue"
-        if rank != 0:
-            return f"{why}; rank 0 requeues SLURM job {job}"
-        try:
-            result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
-        except OSError as error:  # no scontrol on this node
-            return f"{why}; `scontrol requeue {job}` failed: {error}"
-        if result.returncode != 0:
-            return f"{why}; `scontrol requeue {job}` failed: {result.stderr.strip() or result.returncode}"
-        return f"{why}; requeued SLURM job {job}, it resumes from this checkpoint"
+        return Preempted(_requeue(why, rank, "this checkpoint"), agreed_signal, report=rank == 0)
+
+
+def _requeue(why: str, rank: int, resumes_from: str) -> str:
+    """Requeue this SLURM job (rank 0); what happened, in words."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if os.environ.get(SUBMITIT_JOB) and resumes_from == "this checkpoint":
+        return f"{why}; submitit requeues the job, it resumes from {resumes_from}"
+    if os.environ.get(SUBMITIT_JOB):  # submitit requeues from its own handler, which a stop without saving skips
+        return f"{why}; submitit does not requeue it: submit it again to resume from {resumes_from}"
+    if job is None:
+        return f"{why}; not a SLURM job, so nothing is requeued: rerun with checkpoint.resume=auto to continue"
+    if rank != 0:
+        return f"{why}; rank 0 requeues SLURM job {job}"
+    try:
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    except OSError as error:  # no scontrol on this node
+        return f"{why}; `scontrol requeue {job}` failed: {error}"
+    if result.returncode != 0:
+        return f"{why}; `scontrol requeue {job}` failed: {result.stderr.strip() or result.returncode}"
+    return f"{why}; requeued SLURM job {job}, it resumes from {resumes_from}"

@@ -21,7 +21,12 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
 
 def run(argv: list[str], prog: str) -> None:
     """Read and check the recipe (before torch loads), then train it."""
+    from {{ cookiecutter.package_name }}.cluster.lifecycle import end_with_launcher
+    from {{ cookiecutter.package_name }}.cluster.preemption import Preemption
+
+    end_with_launcher()  # a rank started by another rank dies with it
+    preemption = Preemption()  # first: a stop signal during start-up ends the run as a preemption, not as killed
     recipe = parse_recipe(argv, f"{prog} train")
     from {{ cookiecutter.package_name }}.training.loop import train  # imports torch: only when training
 
-    train(recipe)
+    train(recipe, preemption)

@@ -83,6 +83,10 @@ def _check_values(recipe: Recipe) -> None:
     for name, value in (("train.beta1", recipe.train.beta1), ("train.beta2", recipe.train.beta2)):
         if not 0 <= value < 1:
             raise RecipeError(f"{name}={value} must be in [0, 1)")
+    if not 0 < recipe.checkpoint.stop_deadline_seconds <= 86_400:
+        raise RecipeError(
+            f"checkpoint.stop_deadline_seconds={recipe.checkpoint.stop_deadline_seconds} must be > 0 and <= 86400"
+        )
     if recipe.checkpoint.resume is not None and not recipe.checkpoint.resume.strip():
         raise RecipeError("checkpoint.resume must be null, auto, or a checkpoint path")
 

@@ -172,6 +172,10 @@ class CheckpointConfig:
             the copy to host memory, and the next save or the end of training waits for the previous one.
         resume: null starts fresh; auto continues from the newest complete checkpoint under out_dir
             (fresh if there is none); a path continues from that checkpoint folder.
+        stop_deadline_seconds: After a stop signal (SLURM's USR1 before the time limit, TERM), how long the
+            step in progress may take to end before the run stops without saving (requeued all the same:
+            it resumes from the newest checkpoint). Keep it below the notice the scheduler gives
+            (`--signal=USR1@120`) minus the time a save takes. A second signal stops at once.
     """
 
     save_every_steps: int = 50
@@ -179,6 +183,7 @@ class CheckpointConfig:
     keep_last: int = 0
     async_save: bool = False
     resume: str | None = None
+    stop_deadline_seconds: float = 60.0
 
 
 @dataclass

@@ -43,6 +43,7 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
     # SIGUSR1/SIGUSR2/SIGTERM: save at the next step boundary, requeue, exit. Caught before the set-up, so that
     # a signal during it (loading a checkpoint can take minutes) stops the run at its first step.
     preemption = preemption or Preemption()
+    preemption.deadline_seconds = recipe.checkpoint.stop_deadline_seconds
     run = setup(recipe)  # refuses a bad recipe, path or checkpoint before any process starts
     fabric, task, strategy, model, optimizer = run.fabric, run.task, run.strategy, run.model, run.optimizer
     state = run.state
@@ -74,6 +75,8 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
         )
         if decision.update is Update.STOP:
             break
+        if decision.preempted:
+            preemption.reached_boundary()  # the save below is not cut short by the stop deadline
         grad_norm = None
         if decision.update is Update.APPLY:
             grad_norm = strategy.clip_and_step(fabric, model, optimizer, max_norm=recipe.train.grad_clip)

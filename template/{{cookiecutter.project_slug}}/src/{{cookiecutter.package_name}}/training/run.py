@@ -7,6 +7,7 @@ Everything that can refuse the recipe runs before any process is launched or fil
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -18,9 +19,10 @@ from lightning.fabric.loggers import Logger
 
 from {{ cookiecutter.package_name }}.checkpoint.io import load_checkpoint
 from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_root, read_meta, resolve_resume
+from {{ cookiecutter.package_name }}.checkpoint.lock import lock_out_dir, out_dir_in_use
 from {{ cookiecutter.package_name }}.cluster.launchers import check_launcher, start_processes
 from {{ cookiecutter.package_name }}.data.sampler import Batch, TrainBatches, validation_batches
-from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError, TrainingStopped
 from {{ cookiecutter.package_name }}.recipe.checks import check_before_launch, check_hardware
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
@@ -70,8 +72,11 @@ def resolve_accelerator(recipe: Recipe) -> str:
     return recipe.accelerator
 
 
-def build_fabric(recipe: Recipe, strategy: TrainingStrategy, loggers: list[Logger]) -> Fabric:
-    """A Fabric object for the recipe on this machine (processes are launched by `start_processes`)."""
+def check_machine(recipe: Recipe) -> str:
+    """Refuse a layout this machine or its launcher cannot run (GPUs, cores, launcher flags); the accelerator."""
+    # Lightning warns on any machine with srun that does not run under it (a login node, a CPU box with SLURM's
+    # client): check_launcher below checks the launch instead, and the warning would make one-line errors two.
+    warnings.filterwarnings("ignore", message="The `srun` command is available on your system but is not used")
     accelerator = resolve_accelerator(recipe)
     if accelerator == "cuda" and recipe.devices > torch.cuda.device_count():
         raise RecipeError(f"devices={recipe.devices} but this machine has {torch.cuda.device_count()} GPU(s)")
@@ -83,6 +88,12 @@ def build_fabric(recipe: Recipe, strategy: TrainingStrategy, loggers: list[Logge
     capability = torch.cuda.get_device_capability() if accelerator == "cuda" else None
     check_hardware(recipe, accelerator, capability, found=True)  # the same rules as at parse time, on this machine
     check_launcher(recipe, accelerator)  # fabric run / torchrun / srun must start the recipe's layout
+    return accelerator
+
+
+def build_fabric(recipe: Recipe, strategy: TrainingStrategy, loggers: list[Logger]) -> Fabric:
+    """A Fabric object for the recipe on this machine (processes are launched by `start_processes`)."""
+    accelerator = check_machine(recipe)
     return Fabric(
         accelerator=accelerator,
         devices=recipe.devices,
@@ -97,13 +108,23 @@ def setup(recipe: Recipe) -> Run:
     """Launch the processes and build everything the loop trains; resumes from a checkpoint if the recipe says so."""
     task, strategy = task_for(recipe), strategy_for(recipe)
     splits = task.datasets()  # refuses data that is missing, too short or does not fit the model
-    resume_from = resolve_resume(recipe)
+    # One run per out_dir: a live run's lock refuses this one before its checkpoints are even read. Refused at once
+    # when this process launches the others; under torchrun/srun/`fabric run` the other ranks already run and wait
+    # for rank 0, so they hear the refusal from it once connected.
+    in_use = out_dir_in_use(Path(recipe.out_dir))
+    resume_from = None if in_use else resolve_resume(recipe)
     # A resumed or requeued job appends to the W&B run of its checkpoint instead of starting a new one.
     run_id = (read_meta(resume_from).get("wandb_run_id") if resume_from else None) or new_run_id()
     fabric = build_fabric(recipe, strategy, build_loggers(recipe, run_id))
-    check_before_launch(recipe)  # W&B credentials, out_dir writable: the last checks, nothing written before
+    if not in_use:
+        check_before_launch(recipe)  # W&B credentials, out_dir writable: the last checks, nothing written before
+        in_use = lock_out_dir(Path(recipe.out_dir))  # held until this process exits
+    if in_use and not fabric.strategy.cluster_environment.creates_processes_externally:
+        raise RecipeError(in_use)
 
     start_processes(fabric)  # unless `fabric run` already did
+    if in_use := fabric.broadcast(in_use):
+        raise TrainingStopped(in_use, ExitCode.USAGE, report=fabric.global_rank == 0)
     fabric.seed_everything(recipe.train.seed)
     fabric.print(f"Recipe:\n{dump_recipe(recipe)}")
     weights_from = task.pretrained_from() if resume_from is None else None  # a resumed run has its own weights

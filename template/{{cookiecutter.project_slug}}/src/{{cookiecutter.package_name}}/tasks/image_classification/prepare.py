@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from {{ cookiecutter.package_name }}.cluster.lifecycle import end_with_parent
 from {{ cookiecutter.package_name }}.checkpoint.layout import new_partial
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.image_classification.config import ImageDataConfig, ViTConfig
@@ -146,7 +147,7 @@ def decoded_batches(paths: list[Path], image_size: int, channels: int, workers: 
         return
     # fork: workers start in milliseconds and need nothing re-imported; spawn elsewhere (macOS, Windows).
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    with ProcessPoolExecutor(workers, context) as pool:
+    with ProcessPoolExecutor(workers, context, end_with_parent, (os.getpid(),)) as pool:  # no worker outlives it
         pending: deque = deque()
         try:
             for batch in batches:

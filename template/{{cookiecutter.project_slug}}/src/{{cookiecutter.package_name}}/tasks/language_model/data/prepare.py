@@ -34,6 +34,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from {{ cookiecutter.package_name }}.checkpoint.layout import new_partial
+from {{ cookiecutter.package_name }}.cluster.lifecycle import end_with_parent
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import (
     FORMAT,
@@ -182,8 +183,9 @@ class Progress:
 _worker_tokenizer: Tokenizer | None = None
 
 
-def _start_worker(tokenizer_json: str) -> None:
+def _start_worker(tokenizer_json: str, parent_pid: int) -> None:
     global _worker_tokenizer
+    end_with_parent(parent_pid)  # a killed `prepare` leaves no worker behind
     _worker_tokenizer = Tokenizer.from_str(tokenizer_json)
 
 
@@ -242,7 +244,8 @@ def encode_to_shards(
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     tokenizer_json = tokenizer.to_str()
     dtype = writer.dtype.name
-    with _sequential_tokenizers(), ProcessPoolExecutor(workers, context, _start_worker, (tokenizer_json,)) as pool:
+    initargs = (tokenizer_json, os.getpid())
+    with _sequential_tokenizers(), ProcessPoolExecutor(workers, context, _start_worker, initargs) as pool:
         pending: deque = deque()
         for batch in _batches(documents):
             pending.append(pool.submit(_encode, batch, eos, dtype))

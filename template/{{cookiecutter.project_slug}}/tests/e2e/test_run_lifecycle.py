@@ -1,0 +1,94 @@
+"""Real 2-process runs: a second run in a busy out_dir is refused and the first goes on intact; a SIGKILLed launcher
+leaves no rank behind and its lock to the next run; a stop signal during a step that never ends exits in bounded
+time."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import PACKAGE, child_processes, cli_env, process_alive, run_cli, train_args
+
+pytestmark = pytest.mark.slow
+
+
+def start_run(out_dir: Path, *overrides: str) -> tuple[subprocess.Popen, Path]:
+    """Start a 2-process training run in its own session; (the launcher process, its log file)."""
+    log = out_dir.with_name(out_dir.name + ".log")
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            [sys.executable, "-m", PACKAGE, *train_args(out_dir, *overrides)],
+            env=cli_env(),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return process, log
+
+
+def wait_for(condition, what: str, process: subprocess.Popen, log: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, f"the run ended before {what}: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s: {log.read_text()[-3000:]}"
+        time.sleep(0.2)
+
+
+def test_a_second_run_in_a_busy_out_dir_is_refused_and_a_killed_launcher_leaves_no_rank_and_no_lock(
+    tmp_path: Path,
+) -> None:
+    out_dir = tmp_path / "run"
+    first, log = start_run(
+        out_dir, "--train.max_steps", "100000", "--checkpoint.save_every_steps", "4", "--eval.every_steps", "0"
+    )
+    try:
+        wait_for(lambda: (out_dir / "checkpoints" / "step-00000004").is_dir(), "a checkpoint", first, log)
+        second = run_cli(*train_args(out_dir, "--train.max_steps", "2"))
+        assert second.returncode == 2, second.stderr[-3000:]
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1, second.stderr
+        assert lines[0].startswith(
+            f"error: out_dir={str(out_dir)!r} is in use by another run (pid {first.pid} on host "
+        )
+        assert first.poll() is None  # the first run goes on
+        ranks = child_processes(first.pid)
+        assert ranks, "the launcher started no other rank"
+    finally:
+        first.kill()  # the launcher only, not its session: the rank it started must end by itself
+        first.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while any(process_alive(rank) for rank in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(process_alive(rank) for rank in ranks), "a rank outlived its launcher"
+
+    newest = max(int(path.name.removeprefix("step-")) for path in (out_dir / "checkpoints").glob("step-????????"))
+    third = run_cli(*train_args(out_dir, "--train.max_steps", str(newest + 2), "--eval.every_steps", "0"))
+    assert third.returncode == 0, third.stderr[-3000:]  # the dead run's lock does not hold the out_dir
+    assert f"at step {newest}" in third.stdout and (out_dir / "checkpoints" / f"step-{newest + 2:08d}").is_dir()
+
+
+def test_a_stop_signal_during_a_step_that_never_ends_stops_the_run_at_the_deadline(tmp_path: Path) -> None:
+    out_dir = tmp_path / "run"
+    run, log = start_run(out_dir, "--train.grad_accum_steps", "1048576", "--checkpoint.stop_deadline_seconds", "3")
+    try:
+        wait_for(lambda: "starting from step 0" in log.read_text(), "the first step", run, log)
+        ranks = child_processes(run.pid)
+        time.sleep(1)
+        signalled = time.monotonic()
+        run.send_signal(signal.SIGTERM)  # to rank 0 only: the other rank learns nothing until the step ends
+        run.wait(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 75, log.read_text()[-3000:]
+    assert time.monotonic() - signalled < 30
+    assert "stopped: no step boundary within 3 s of SIGTERM: exiting without saving" in log.read_text()
+    assert not list((out_dir / "checkpoints").glob("step-*"))
+    deadline = time.monotonic() + 15
+    while any(process_alive(rank) for rank in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ranks and not any(process_alive(rank) for rank in ranks)

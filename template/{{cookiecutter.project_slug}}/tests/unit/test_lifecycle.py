@@ -1,0 +1,147 @@
+"""A stop signal ends a run in bounded time, a process the run starts does not outlive its parent, and one out_dir
+holds one run. Real processes and signals; no torch, so each test takes a second or two."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import cli_env, executable, process_alive
+
+from {{ cookiecutter.package_name }}.checkpoint.lock import LOCK_FILE, lock_out_dir, out_dir_in_use
+
+# A process whose "step" never reaches its boundary (as with a huge grad_accum_steps), with the run's stop handling.
+NEVER_ENDING_STEP = """
+import sys, time
+from {{ cookiecutter.package_name }}.cluster.preemption import Preemption
+preemption = Preemption(deadline_seconds=float(sys.argv[1]))
+print("ready", flush=True)
+while True:
+    time.sleep(0.01)
+"""
+
+
+def start(code: str, *args: str, **env: str) -> subprocess.Popen:
+    """Run `code` in a new Python process; return once it printed its first line."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env={**cli_env(), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    return process
+
+
+def test_after_a_stop_signal_a_step_that_never_ends_is_cut_at_the_deadline_and_the_run_exits_75() -> None:
+    process = start(NEVER_ENDING_STEP, "1")
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 75
+    assert 1 <= time.monotonic() - signalled < 15
+    assert stderr.strip() == (
+        "stopped: no step boundary within 1 s of SIGTERM: exiting without saving; not a SLURM job, so nothing is"
+        " requeued: rerun with checkpoint.resume=auto to continue"
+    )
+
+
+def test_a_second_stop_signal_ends_the_run_at_once() -> None:
+    process = start(NEVER_ENDING_STEP, "600")
+    process.send_signal(signal.SIGUSR1)
+    time.sleep(0.3)
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 75 and time.monotonic() - signalled < 5
+    assert stderr.startswith("stopped: a second signal (SIGTERM): exiting without saving;"), stderr
+
+
+def test_a_slurm_job_stopped_without_saving_is_still_requeued(tmp_path: Path) -> None:
+    """Exit 143 (killed) would end the job for good; requeued, it resumes from its newest checkpoint."""
+    calls = tmp_path / "calls.txt"
+    executable(tmp_path / "scontrol", f'#!/bin/sh\necho "$@" >> {calls}\n')
+    path = f"{tmp_path}{os.pathsep}{os.environ['PATH']}"
+    process = start(NEVER_ENDING_STEP, "0.5", PATH=path, SLURM_JOB_ID="99", SLURM_PROCID="0")
+    process.send_signal(signal.SIGUSR1)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 75
+    assert calls.read_text() == "requeue 99\n"
+    assert stderr.strip().endswith("requeued SLURM job 99, it resumes from the newest checkpoint"), stderr
+
+
+# A parent that starts a child which ends with it, prints the child's pid, and waits.
+PARENT_OF_A_CHILD = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import os, time\\n"
+    "from {{ cookiecutter.package_name }}.cluster.lifecycle import end_with_parent\\n"
+    f"end_with_parent({os.getpid()})\\nprint('up', flush=True)\\ntime.sleep(600)"], stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline().strip() == "up"
+print("ready", flush=True)
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_process_started_by_the_run_dies_with_its_parent_even_by_sigkill() -> None:
+    parent = start(PARENT_OF_A_CHILD)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    assert process_alive(child)
+    parent.kill()
+    parent.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while process_alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not process_alive(child)
+
+
+HOLDS_THE_LOCK = """
+import sys, time
+from pathlib import Path
+from {{ cookiecutter.package_name }}.checkpoint.lock import lock_out_dir
+assert lock_out_dir(Path(sys.argv[1])) is None
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_live_runs_lock_refuses_a_second_run_naming_it_and_a_dead_runs_lock_is_taken_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable in ("RANK", "SLURM_PROCID", "NODE_RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(variable, raising=False)
+    assert out_dir_in_use(tmp_path / "new") is None and not (tmp_path / "new").exists()  # a check writes nothing
+    holder = start(HOLDS_THE_LOCK, str(tmp_path))
+    assert out_dir_in_use(tmp_path) == lock_out_dir(tmp_path)
+    refusal = lock_out_dir(tmp_path)
+    assert refusal is not None and refusal.startswith(f"out_dir={str(tmp_path)!r} is in use by another run (pid")
+    assert f"pid {holder.pid} on host " in refusal and "choose another out_dir" in refusal
+    holder.kill()  # dead, as after SIGKILL or a crash: its record stays in the file, its lock does not
+    holder.wait(timeout=10)
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == holder.pid
+    assert lock_out_dir(tmp_path) is None
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+
+
+def test_only_the_process_that_becomes_rank_zero_takes_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holder = start(HOLDS_THE_LOCK, str(tmp_path))
+    for variables in ({"LOCAL_RANK": "1"}, {"NODE_RANK": "1"}, {"RANK": "3"}, {"SLURM_PROCID": "5"}):
+        with monkeypatch.context() as patched:
+            for variable in ("RANK", "SLURM_PROCID", "NODE_RANK", "LOCAL_RANK"):
+                patched.delenv(variable, raising=False)
+            for variable, value in variables.items():
+                patched.setenv(variable, value)
+            assert lock_out_dir(tmp_path) is None, variables  # not rank 0: it neither takes nor checks the lock
+    holder.kill()
+    holder.wait(timeout=10)
