@@ -18,6 +18,7 @@ class ExitCode(IntEnum):
     JOB_FAILED = 1  # `submit --wait`: the job failed or ended unfinished; its log says why
     USAGE = 2  # a recipe, flag, path or checkpoint that cannot run: one line on stderr, nothing written
     NONFINITE_LOSS = 3  # train.on_nonfinite_loss=stop: the loss was NaN or infinite on some rank
+    SAVE_FAILED = 74  # EX_IOERR from sysexits.h: a checkpoint could not be written (disk full); the last one is kept
     REQUEUE = 75  # EX_TEMPFAIL from sysexits.h: preempted, checkpoint saved, run again (SLURM requeue)
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from helpers import UNIT, run_cli, train_args
 
+from {{ cookiecutter.package_name }}.checkpoint.layout import file_sha256
+
 pytestmark = pytest.mark.slow
 
 # No validation; the GPT exports in GPT-2's layout only with biases.
@@ -32,7 +34,7 @@ def craft(checkpoint: Path, relative: str, marker: Path) -> None:
     target = checkpoint / relative
     target.write_bytes(pickle.dumps({"model": Payload(marker)}))
     meta = json.loads((checkpoint / "meta.json").read_text())
-    meta["files"][relative] = target.stat().st_size
+    meta["files"][relative] = {"bytes": target.stat().st_size, "sha256": file_sha256(target)}  # as an attacker would
     (checkpoint / "meta.json").write_text(json.dumps(meta))
 
 
@@ -117,7 +119,10 @@ def test_a_checkpoint_config_whose_aliases_explode_is_refused_at_once(run: Path,
     lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
     (checkpoint / "config.yaml").write_text("\n".join(lines) + "\nmodel: *a8\n")
     meta = json.loads((checkpoint / "meta.json").read_text())
-    meta["files"]["config.yaml"] = (checkpoint / "config.yaml").stat().st_size
+    meta["files"]["config.yaml"] = {
+        "bytes": (checkpoint / "config.yaml").stat().st_size,
+        "sha256": file_sha256(checkpoint / "config.yaml"),
+    }
     (checkpoint / "meta.json").write_text(json.dumps(meta))
     started = time.perf_counter()
     result = run_cli("export", str(checkpoint), str(tmp_path / "hf"))

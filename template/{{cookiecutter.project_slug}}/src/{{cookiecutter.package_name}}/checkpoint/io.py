@@ -6,36 +6,51 @@ A checkpoint is a folder `<out_dir>/checkpoints/step-<step>/`:
                       one file under ddp)
   rng/rank-<r>.pt     torch / numpy / python (and CUDA) RNG states of every rank
   config.yaml         the resolved recipe
-  meta.json           step, task, units seen, strategy, world size, W&B run id, the size of every file; written last
-It is written as `step-<step>.partial` and renamed once every rank has finished, so a folder with
-the final name is complete; one whose files do not match its meta.json is skipped with a warning.
+  meta.json           step, task, units seen, strategy, world size, W&B run id, the size and SHA-256 of every
+                      file; written last
+It is written as `step-<step>.partial`, flushed to disk (fsync of every file and folder) and renamed
+once every rank has finished, so a folder with the final name is complete; one whose files do not
+match its meta.json is skipped with a warning. The sizes are checked for every folder, the digests
+(every rank hashes a share of the files, in parallel) for the one a run resumes from: a shard
+corrupted in place is found before it is loaded. A save that runs out of disk space stops the run
+in one line (ExitCode.SAVE_FAILED); the newest complete checkpoint is kept.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import pickle
 import shutil
+import sys
 import time
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric import Fabric
+from torch.distributed.checkpoint.api import CheckpointException
 
 from {{ cookiecutter.package_name }}.checkpoint.layout import (
     META_FILE,
     checkpoint_root,
+    damaged_files,
+    file_sha256,
+    list_checkpoints,
     read_meta,
     remove_checkpoint,
     remove_old_checkpoints,
+    space_report,
+    step_of,
 )
 from {{ cookiecutter.package_name }}.checkpoint.rng import rng_state, set_rng_state
 from {{ cookiecutter.package_name }}.checkpoint.safety import check_metadata, load_tensors
-from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError, TrainingStopped
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.strategies import strategy_class
@@ -93,51 +108,118 @@ class Checkpointer:
             "time": time.time(),
             "wandb_run_id": state.get("wandb_run_id"),  # readable before launch, to continue the same W&B run
         }
-        if self.config.async_save:
-            written = _async_save_sharded(self.fabric, partial / "state", state, self._process_group, self._stager)
-            self._pending = self._finisher.submit(self._finish_when_written, written, partial, meta)
-        else:
-            self.fabric.save(partial / "state", state)
-            self.fabric.barrier()
-            fault_point("in-save", step, self.recipe.out_dir)
-            self._finish(partial, meta)
-            self.fabric.barrier()
+        with self._disk_full_stops_the_run(partial):
+            if self.config.async_save:
+                written = _async_save_sharded(self.fabric, partial / "state", state, self._process_group, self._stager)
+                self._pending = self._finisher.submit(self._finish_when_written, written, partial, meta)
+            else:
+                self.fabric.save(partial / "state", state)
+                self.fabric.barrier()
+                fault_point("in-save", step, self.recipe.out_dir)
+                self._finish(partial, meta, self._hash_shares(partial, group=None))
+                self.fabric.barrier()
         self._last_save_time = time.monotonic()
         return time.perf_counter() - start
 
     def poll(self) -> None:
         """Raise the error of a background save that failed, without blocking (call every step)."""
         if self._pending is not None and self._pending.done():
-            self._pending.result()
+            self.wait()
 
     def wait(self) -> None:
         """Block until a background save is written and visible on every rank."""
         if self._pending is None:
             return
         pending, self._pending = self._pending, None
-        pending.result()
+        with self._disk_full_stops_the_run(None):
+            pending.result()
         self.fabric.barrier()
 
     def _finish_when_written(self, written: Future[Any], partial: Path, meta: dict[str, Any]) -> None:
-        """In the background: once the shards are written, make the checkpoint visible (rank 0)."""
-        written.result()  # on the coordinator (rank 0), done means every rank's shard and the metadata are written
+        """In the background, on every rank: once the shards are written, hash them; rank 0 makes the checkpoint
+        visible. The digests travel over the background group, never racing the training collectives."""
+        written.result()  # done means every rank's shard and the metadata are written
+        records = self._hash_shares(partial, group=self._process_group)
         if self.fabric.global_rank == 0:
             fault_point("in-save", meta["step"], self.recipe.out_dir)
-            self._finish(partial, meta)
+            self._finish(partial, meta, records)
 
-    def _finish(self, partial: Path, meta: dict[str, Any]) -> None:
-        """On rank 0: record the files, rename into place, apply retention."""
+    def _hash_shares(self, partial: Path, group: Any) -> dict[str, dict[str, Any]]:
+        """Each rank hashes and fsyncs its share of the files written so far, in parallel; rank 0 gets every record."""
+        names = sorted(str(p.relative_to(partial)) for p in partial.rglob("*") if p.is_file())
+        rank, world = self.fabric.global_rank, self.fabric.world_size
+        mine = {name: _record(partial / name) for name in names[rank::world]}
+        if world == 1 or not torch.distributed.is_initialized():
+            return mine
+        gathered: list[Any] = [None] * world if rank == 0 else []
+        torch.distributed.gather_object(mine, gathered if rank == 0 else None, dst=0, group=group)
+        return {name: record for share in gathered if share for name, record in share.items()} if rank == 0 else {}
+
+    def _finish(self, partial: Path, meta: dict[str, Any], records: dict[str, dict[str, Any]]) -> None:
+        """On rank 0: record the files, flush everything to disk, rename into place, apply retention."""
         if self.fabric.global_rank != 0:
             return
         (partial / "config.yaml").write_text(dump_recipe(self.recipe))
-        files = sorted(p for p in partial.rglob("*") if p.is_file())
-        meta["files"] = {str(p.relative_to(partial)): p.stat().st_size for p in files}
+        files = sorted(str(p.relative_to(partial)) for p in partial.rglob("*") if p.is_file())
+        meta["files"] = {name: records.get(name) or _record(partial / name) for name in files}  # config.yaml: here
         (partial / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        _record(partial / META_FILE)  # fsync
+        for folder in {partial, *((partial / name).parent for name in files)}:  # a new file's name is on disk only
+            _fsync_folder(folder)  # once its folder is flushed too
         final = partial.with_name(partial.name.removesuffix(".partial"))
         remove_checkpoint(final)  # a complete one of the same step, saved again after an older resume
         partial.rename(final)
+        _fsync_folder(final.parent)
         if self.config.keep_last:
             remove_old_checkpoints(self.root, self.config.keep_last)
+
+    @contextmanager
+    def _disk_full_stops_the_run(self, partial: Path | None) -> Iterator[None]:
+        """A save that runs out of space ends the run in one line (exit SAVE_FAILED), naming the space it needs;
+        the unfinished folder is removed and the newest complete checkpoint kept. Other errors pass through."""
+        try:
+            yield
+        except (OSError, CheckpointException) as error:  # DCP's is a BaseException
+            if not _disk_full(error):
+                raise
+            if partial is not None and self.fabric.global_rank == 0:
+                shutil.rmtree(partial, ignore_errors=True)
+            raise TrainingStopped(
+                f"checkpoint not saved: no space left: {space_report(self.recipe)}; the newest complete checkpoint is"
+                " kept: free space there (or lower checkpoint.keep_last), then resume with checkpoint.resume=auto",
+                ExitCode.SAVE_FAILED,
+                report=self.fabric.global_rank == 0,
+            ) from None
+
+
+def _record(path: Path) -> dict[str, Any]:
+    """What meta.json records of a file (its size and SHA-256), once its data is flushed to disk."""
+    return {"bytes": path.stat().st_size, "sha256": file_sha256(path, sync=True)}
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Flush a folder's entries (the names of new files, a rename) to disk."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _disk_full(error: BaseException | None) -> bool:
+    """Whether an error (DCP's wrapper of every rank's, or a chain of causes) comes from a full disk or quota."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in FULL:
+            return True
+        if isinstance(error, CheckpointException):
+            return any(
+                _disk_full(failure[0] if isinstance(failure, tuple) else failure) for failure in error.failures.values()
+            )
+        error = error.__cause__ or error.__context__
+    return False
 
 
 class HostCopy:
@@ -235,6 +317,37 @@ def _async_save_sharded(fabric: Fabric, path: Path, state: dict[str, Any], proce
         torch.save(rest, path / _METADATA_FILENAME)
     fabric.barrier()
     return async_save(sharded, checkpoint_id=path, process_group=process_group, async_stager=stager)
+
+
+def verified_resume(fabric: Fabric, path: Path, recipe: Recipe) -> Path:
+    """The checkpoint to resume: `path` when its files match the digests in its meta.json; else, under
+    checkpoint.resume=auto, the newest older checkpoint that does. Every rank hashes a share of the files, in
+    parallel, and all hear the answer; refused (exit 2) when no checkpoint matches."""
+    while True:
+        started = time.perf_counter()
+        names = sorted(read_meta(path).get("files", {}))
+        rank, world = fabric.global_rank, fabric.world_size
+        damaged = damaged_files(path, names[rank::world])
+        if world > 1 and torch.distributed.is_initialized():
+            shares: list[Any] = [None] * world
+            torch.distributed.all_gather_object(shares, damaged)
+            damaged = sorted(name for share in shares for name in share)
+        if not damaged:
+            fabric.print(
+                f"Checked the digests of {len(names)} files of {path} in {time.perf_counter() - started:.1f} s"
+            )
+            return path
+        why = f"checkpoint {path} is damaged: {', '.join(damaged[:3])} differ from the SHA-256 in its {META_FILE}"
+        older = [other for other in list_checkpoints(path.parent) if step_of(other) < step_of(path)]
+        if recipe.checkpoint.resume != "auto" or not older:
+            raise TrainingStopped(
+                f"{why}; resume from an older checkpoint (or start afresh with checkpoint.resume=null)",
+                ExitCode.USAGE,
+                report=rank == 0,
+            )
+        if rank == 0:
+            print(f"skipping {why}; resuming from {older[-1].name}", file=sys.stderr, flush=True)
+        path = older[-1]
 
 
 def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any], recipe: Recipe) -> None:

@@ -9,7 +9,9 @@ every file) is written last, so a folder with the final name whose files match m
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shutil
 import sys
@@ -34,20 +36,50 @@ def checkpoint_root(recipe: Recipe) -> Path:
 
 
 def problem_with(path: Path) -> str | None:
-    """Why a checkpoint folder cannot be loaded, or None when it is complete."""
+    """Why a checkpoint folder cannot be loaded, or None when it is complete (its files' sizes: cheap, for every
+    folder; `damaged_files` compares their contents with the digests, for the one a run resumes from)."""
     try:
         meta = json.loads((path / META_FILE).read_text())
     except FileNotFoundError:
         return f"no {META_FILE} (the save did not finish)"
     except (OSError, ValueError) as error:
         return f"unreadable {META_FILE} ({error})"
-    for name, size in meta.get("files", {}).items():
-        file = path / name
+    for name, record in meta.get("files", {}).items():
+        file, size = path / name, file_record(record)[0]
         if not file.is_file():
             return f"missing {name}"
         if file.stat().st_size != size:
             return f"{name} has {file.stat().st_size} bytes, {META_FILE} says {size}"
     return None if (path / "state").exists() else "missing state"
+
+
+def file_record(record: Any) -> tuple[int, str | None]:
+    """(bytes, sha256 or None) of a file as meta.json records it (checkpoints of older versions hold sizes only)."""
+    if isinstance(record, dict):
+        return int(record["bytes"]), str(record["sha256"])
+    return int(record), None
+
+
+def file_sha256(path: Path, sync: bool = False) -> str:
+    """Hex SHA-256 of a file, read in 8 MiB pieces; with `sync`, its data is also flushed to the disk (fsync)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(8 << 20):
+            digest.update(chunk)
+        if sync:
+            os.fsync(handle.fileno())
+    return digest.hexdigest()
+
+
+def damaged_files(path: Path, names: list[str]) -> list[str]:
+    """Which of a complete checkpoint's files (`names`) differ from the SHA-256 its meta.json records."""
+    files = read_meta(path).get("files", {})
+    damaged = []
+    for name in names:
+        recorded = file_record(files[name])[1]
+        if recorded is not None and file_sha256(path / name) != recorded:
+            damaged.append(name)
+    return damaged
 
 
 def checkpoint_recipe(path: Path) -> Recipe:
@@ -59,6 +91,44 @@ def checkpoint_recipe(path: Path) -> Recipe:
     saved = read_recipe_file(path / "config.yaml", f"checkpoint {path}: config.yaml") or {}  # bounded, as any recipe
     task = task_class(saved.get("task", Recipe.task))
     return parse_recipe(["--config", str(path / "config.yaml"), *task.saved_recipe_overrides])
+
+
+# What a checkpoint holds per parameter, when none of the run's shows it yet: fp32 weights and AdamW's two moments.
+BYTES_PER_PARAMETER = 12
+
+
+def checkpoint_bytes(recipe: Recipe) -> int:
+    """About how many bytes the run's next checkpoint takes: its newest checkpoint's size, else from the model."""
+    newest = find_latest(checkpoint_root(recipe))
+    if newest is not None:
+        return sum(file_record(record)[0] for record in read_meta(newest).get("files", {}).values())
+    cost = task_for(recipe).model_cost()
+    return cost.parameters() * BYTES_PER_PARAMETER if cost is not None else 0
+
+
+def space_report(recipe: Recipe) -> str:
+    """`120.0 MiB free on the disk of <out_dir>, a checkpoint of this run takes about 1.4 GiB`."""
+    free, needed = free_bytes(Path(recipe.out_dir)), checkpoint_bytes(recipe)
+    return f"{_size(free)} free on the disk of {recipe.out_dir}, a checkpoint of this run takes about {_size(needed)}"
+
+
+def check_free_space(recipe: Recipe) -> None:
+    """Refuse to start a run whose out_dir cannot hold one more checkpoint (measured, or estimated from the model)."""
+    if free_bytes(Path(recipe.out_dir)) < checkpoint_bytes(recipe):
+        raise RecipeError(
+            f"out_dir={recipe.out_dir!r}: {space_report(recipe)}: free space there, or choose another out_dir"
+        )
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the disk that holds `path` (or would: its nearest existing parent)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
 
 
 def new_partial(target: Path) -> Path:

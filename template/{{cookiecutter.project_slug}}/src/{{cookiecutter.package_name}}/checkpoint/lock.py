@@ -69,7 +69,7 @@ def lock_out_dir(out_dir: Path) -> str | None:
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "slurm_job": os.environ.get("SLURM_JOB_ID"),
-        "started": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
     }
     handle.write(json.dumps(holder) + "\n")
     handle.flush()

@@ -17,8 +17,8 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger
 
-from {{ cookiecutter.package_name }}.checkpoint.io import load_checkpoint
-from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_root, read_meta, resolve_resume
+from {{ cookiecutter.package_name }}.checkpoint.io import load_checkpoint, verified_resume
+from {{ cookiecutter.package_name }}.checkpoint.layout import check_free_space, checkpoint_root, read_meta, resolve_resume
 from {{ cookiecutter.package_name }}.checkpoint.lock import lock_out_dir, out_dir_in_use
 from {{ cookiecutter.package_name }}.cluster.launchers import check_launcher, start_processes
 from {{ cookiecutter.package_name }}.data.sampler import Batch, TrainBatches, validation_batches
@@ -112,14 +112,18 @@ def setup(recipe: Recipe) -> Run:
     # when this process launches the others; under torchrun/srun/`fabric run` the other ranks already run and wait
     # for rank 0, so they hear the refusal from it once connected.
     in_use = out_dir_in_use(Path(recipe.out_dir))
-    resume_from = None if in_use else resolve_resume(recipe)
+    resume_from = None
+    if not in_use:
+        resume_from = resolve_resume(recipe)  # complete by its files' sizes; their digests are checked once launched
+        check_free_space(recipe)  # room for one more checkpoint, or no start at all
     # A resumed or requeued job appends to the W&B run of its checkpoint instead of starting a new one.
     run_id = (read_meta(resume_from).get("wandb_run_id") if resume_from else None) or new_run_id()
     fabric = build_fabric(recipe, strategy, build_loggers(recipe, run_id))
     if not in_use:
         check_before_launch(recipe)  # W&B credentials, out_dir writable: the last checks, nothing written before
         in_use = lock_out_dir(Path(recipe.out_dir))  # held until this process exits
-    if in_use and not fabric.strategy.cluster_environment.creates_processes_externally:
+    environment = getattr(fabric.strategy, "cluster_environment", None)  # none for one process
+    if in_use and not (environment is not None and environment.creates_processes_externally):
         raise RecipeError(in_use)
 
     start_processes(fabric)  # unless `fabric run` already did
@@ -159,6 +163,7 @@ def setup(recipe: Recipe) -> Run:
         "wandb_run_id": fabric.broadcast(run_id),  # rank 0's id: the one its logger writes to
     }
     if resume_from is not None:
+        resume_from = verified_resume(fabric, resume_from, recipe)  # every rank hashes a share of the files
         load_checkpoint(fabric, resume_from, state, recipe)
         fabric.print(f"Resumed from {resume_from} at step {state['step']}")
     elif recipe.checkpoint.resume == "auto":

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from {{ cookiecutter.package_name }}.checkpoint.layout import file_sha256
 from {{ cookiecutter.package_name }}.cluster.lifecycle import end_with_parent
 from {{ cookiecutter.package_name }}.checkpoint.layout import new_partial
 from {{ cookiecutter.package_name }}.errors import RecipeError
@@ -302,15 +303,6 @@ def prepare_images(
 
 
 # --- reading ----------------------------------------------------------------------------------------------
-
-
-def file_sha256(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 8 MiB pieces."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(8 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def read_manifest(folder: Path, field: str = "data.path") -> dict[str, Any]:

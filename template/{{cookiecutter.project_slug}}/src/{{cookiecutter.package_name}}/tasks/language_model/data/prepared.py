@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from {{ cookiecutter.package_name }}.checkpoint.layout import file_sha256
 from {{ cookiecutter.package_name }}.errors import RecipeError
 
 MANIFEST = "manifest.json"
@@ -131,15 +132,6 @@ def count_token(tokens: ShardedTokens, token: int) -> int:
     """How often `token` occurs, counted in pieces (the shards stay on disk)."""
     piece = 1 << 24
     return sum(int(np.count_nonzero(tokens[start : start + piece] == token)) for start in range(0, len(tokens), piece))
-
-
-def file_sha256(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 8 MiB pieces."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(8 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def read_manifest(folder: Path, field: str = "data.path") -> dict[str, Any]:
