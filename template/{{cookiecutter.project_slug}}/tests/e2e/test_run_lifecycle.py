@@ -4,10 +4,13 @@ time."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -92,3 +95,43 @@ def test_a_stop_signal_during_a_step_that_never_ends_stops_the_run_at_the_deadli
     while any(process_alive(rank) for rank in ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert ranks and not any(process_alive(rank) for rank in ranks)
+
+
+@contextmanager
+def small_disk(folder: Path, size: str) -> Iterator[Path]:
+    """A filesystem of `size` (a tmpfs) mounted at `folder`, unmounted afterwards."""
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def test_a_save_that_runs_out_of_disk_stops_in_one_line_and_keeps_the_last_checkpoint(tmp_path: Path) -> None:
+    from {{ cookiecutter.package_name }}.checkpoint.layout import problem_with
+
+    with small_disk(tmp_path / "disk", "3m") as disk:  # a tiny model's checkpoint takes ~2 MiB: one fits, not two
+        out_dir = disk / "run"
+        result = run_cli(*train_args(out_dir, "--train.max_steps", "6", "--checkpoint.save_every_steps", "2", "--eval.every_steps", "0"))  # fmt: skip
+        assert result.returncode == 74, result.stderr[-3000:]
+        assert "stopped: checkpoint not saved: no space left: " in result.stderr
+        said = rf"[\d.]+ MiB free on the disk of {re.escape(str(out_dir))}, a checkpoint of this run takes about [\d.]+ MiB;"
+        assert re.search(said, result.stderr), result.stderr[-3000:]
+        assert "the newest complete checkpoint is kept" in result.stderr and "Traceback" not in result.stderr
+        assert sorted(path.name for path in (out_dir / "checkpoints").iterdir()) == ["step-00000002"]
+        assert problem_with(out_dir / "checkpoints" / "step-00000002") is None
+
+
+def test_a_run_whose_out_dir_cannot_hold_a_checkpoint_does_not_start(tmp_path: Path) -> None:
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        result = run_cli(*train_args(disk / "run"))
+        assert result.returncode == 2, result.stderr[-3000:]
+        said = (
+            rf"error: out_dir={re.escape(repr(str(disk / 'run')))}: 1\.0 MiB free on the disk of {re.escape(str(disk))}/run,"
+            r" a checkpoint of this run takes about [\d.]+ MiB: free space there, or choose another out_dir"
+        )
+        assert re.fullmatch(said, result.stderr.strip()), result.stderr
+        assert not (disk / "run").exists()

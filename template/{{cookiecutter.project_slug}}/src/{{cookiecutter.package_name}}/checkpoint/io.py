@@ -38,9 +38,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from {{ cookiecutter.package_name }}.checkpoint.layout import (
     META_FILE,
+    checkpoint_bytes,
     checkpoint_root,
     damaged_files,
     file_sha256,
+    free_bytes,
     list_checkpoints,
     read_meta,
     remove_checkpoint,
@@ -179,8 +181,9 @@ class Checkpointer:
         the unfinished folder is removed and the newest complete checkpoint kept. Other errors pass through."""
         try:
             yield
-        except (OSError, CheckpointException) as error:  # DCP's is a BaseException
-            if not _disk_full(error):
+        except (OSError, RuntimeError, CheckpointException) as error:  # DCP's is a BaseException
+            # torch.save reports a full disk as a RuntimeError ("unexpected pos"): the free space tells.
+            if not (_disk_full(error) or free_bytes(self.root) < checkpoint_bytes(self.recipe)):
                 raise
             if partial is not None and self.fabric.global_rank == 0:
                 shutil.rmtree(partial, ignore_errors=True)
