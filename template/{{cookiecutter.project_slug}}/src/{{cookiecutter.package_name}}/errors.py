@@ -56,8 +56,9 @@ def run_command(command: Callable[[], None]) -> None:
         print(f"error: {one_line(str(error))}", file=sys.stderr)
         code = ExitCode.USAGE
     except TrainingStopped as stopped:  # preempted (exit 75: requeued) or a non-finite loss (exit 3)
-        if stopped.report:
-            print(f"stopped: {stopped}", file=sys.stderr, flush=True)
+        if stopped.report:  # a refusal found only once the processes run (a damaged checkpoint) reads as one
+            said = "error" if stopped.exit_code == ExitCode.USAGE else "stopped"
+            print(f"{said}: {one_line(str(stopped))}", file=sys.stderr, flush=True)
         code = stopped.exit_code
     except BrokenPipeError:  # `<project> recipes list | head -1`: the reader has gone, which is not an error
         # Point stdout at /dev/null so the interpreter's final flush does not raise again.

@@ -40,9 +40,9 @@ def craft(checkpoint: Path, relative: str, marker: Path) -> None:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-step fsdp2 run (sharded checkpoint at step 2)."""
+    """A 2-step fsdp2 run (sharded checkpoints at steps 1 and 2)."""
     out_dir = tmp_path_factory.mktemp("run")
-    result = run_cli(*train_args(out_dir, "--train.max_steps", "2", *SETTINGS))
+    result = run_cli(*train_args(out_dir, "--train.max_steps", "2", "--checkpoint.save_every_steps", "1", *SETTINGS))
     assert result.returncode == 0, result.stderr[-3000:]
     return out_dir
 
@@ -128,3 +128,27 @@ def test_a_checkpoint_config_whose_aliases_explode_is_refused_at_once(run: Path,
     result = run_cli("export", str(checkpoint), str(tmp_path / "hf"))
     assert result.returncode == 2 and "aliases expand it beyond" in result.stderr, result.stderr[-2000:]
     assert time.perf_counter() - started < 60  # not the minutes and gigabytes a full expansion takes
+
+
+def test_a_shard_corrupted_in_place_is_found_by_its_digest_and_resume_auto_falls_back(
+    run: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    out_dir = tmp_path / "run"
+    shutil.copytree(run, out_dir)
+    damaged = out_dir / "checkpoints" / "step-00000002"
+    shard = damaged / "state" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one bit flipped by the disk: the same size, so meta.json's sizes still match
+    shard.write_bytes(bytes(data))
+    why = f"checkpoint {damaged} is damaged: state/__1_0.distcp differ from the SHA-256 in its meta.json"
+
+    explicit = run_cli(*train_args(out_dir, "--train.max_steps", "3", "--checkpoint.resume", str(damaged), *SETTINGS))
+    assert explicit.returncode == 2, explicit.stderr[-3000:]
+    assert f"error: {why}; resume from an older checkpoint" in explicit.stderr
+
+    resumed = run_cli(*train_args(out_dir, "--train.max_steps", "3", *SETTINGS))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"skipping {why}; resuming from step-00000001" in resumed.stderr
+    assert "step-00000001 at step 1" in resumed.stdout
