@@ -55,6 +55,7 @@ def require_slurm() -> None:
 
 
 def free_port() -> int:
+    """A TCP port free on this machine now (the daemons' ports: another cluster may hold SLURM's defaults)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -134,7 +135,7 @@ class Cluster:
 @pytest.fixture
 def slurm_cluster(tmp_path: Path) -> Iterator[Cluster]:
     """munged, slurmctld and slurmd of a one-node cluster, configured in a temporary folder with a key of its
-    own (nothing under /etc is read or changed); stopped at the end, failed or not, its jobs cancelled first."""
+    own (nothing under /etc is changed); stopped at the end, failed or not, its jobs cancelled first."""
     require_slurm()
     folder = tmp_path / "slurm"
     (folder / "state").mkdir(parents=True)
