@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, bake, run
+from conftest import BIN, REPO, bake, run
 from cookiecutter.exceptions import FailedHookException
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -308,6 +308,37 @@ def test_generated_ci_lints_type_checks_and_tests_on_the_oldest_and_newest_pytho
         assert any(command in step for step in steps), command
     readme = (default_project / "README.md").read_text()
     assert 'pip install -e ".[dev]" -c constraints.txt' in readme
+    assert workflow["permissions"] == {"contents": "read"}
+    checkout, setup_python = job["steps"][:2]
+    assert checkout["with"]["persist-credentials"] is False
+    assert setup_python["with"]["cache"] == "pip"
+    assert set(setup_python["with"]["cache-dependency-path"].split()) == {"pyproject.toml", "constraints.txt"}
+
+
+# Each action pinned to a full commit hash, the release it is in named beside it.
+PINNED_ACTION = re.compile(
+    r"^\s*- uses: (?P<action>[\w-]+/[\w-]+)@(?P<commit>[0-9a-f]{40}) # v(?P<major>\d+)\.\d+\.\d+$"
+)
+CURRENT_MAJOR = {"actions/checkout": 7, "actions/setup-python": 7}  # the majors that run on Node 24
+
+
+@pytest.mark.parametrize("workflow", ["generated", "template"])
+def test_workflows_pin_current_actions_to_commits_and_pass_the_actions_audits(
+    default_project: Path, workflow: str
+) -> None:
+    path = {"generated": default_project, "template": REPO}[workflow] / ".github" / "workflows" / "ci.yml"
+    uses = [line for line in path.read_text().splitlines() if "uses:" in line]
+    pins = [PINNED_ACTION.match(line) for line in uses]
+    assert all(pins), uses
+    assert {pin["action"]: int(pin["major"]) for pin in pins if pin} == CURRENT_MAJOR
+    audit = run(
+        [str(BIN / "zizmor"), "--offline", "--no-config", "--min-severity", "medium", str(path)], cwd=path.parent
+    )
+    assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-2000:]
+    schema = run(
+        [str(BIN / "check-jsonschema"), "--builtin-schema", "vendor.github-workflows", str(path)], cwd=path.parent
+    )
+    assert schema.returncode == 0, schema.stdout[-3000:] + schema.stderr[-2000:]
 
 
 def test_pre_commit_runs_the_ruff_of_the_tested_set(default_project: Path) -> None:
@@ -315,6 +346,8 @@ def test_pre_commit_runs_the_ruff_of_the_tested_set(default_project: Path) -> No
     (ruff,) = [repo for repo in config["repos"] if "ruff-pre-commit" in repo["repo"]]
     assert ruff["rev"] == f"v{root_test_group()['ruff']}"
     assert {hook["id"] for hook in ruff["hooks"]} == {"ruff-check", "ruff-format"}
+    validated = run([str(BIN / "pre-commit"), "validate-config", ".pre-commit-config.yaml"], cwd=default_project)
+    assert validated.returncode == 0, validated.stdout[-3000:] + validated.stderr[-2000:]
 
 
 def test_the_generated_package_passes_mypy(default_project: Path) -> None:
