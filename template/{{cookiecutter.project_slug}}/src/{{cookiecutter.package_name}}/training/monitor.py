@@ -72,9 +72,12 @@ def build_loggers(recipe: Recipe, run_id: str) -> list[Logger]:
     """
     out_dir, config = Path(recipe.out_dir), recipe.logger
     if config.name in ("wandb", "tensorboard") and importlib.util.find_spec(config.name) is None:
+        # The default logger's package is a dependency of the project; each other logger is an extra of its name.
+        default = config.name == "{{ cookiecutter.logger }}"
+        install = config.name if default else f'"{{ cookiecutter.project_slug }}[{config.name}]"'
         raise RecipeError(
-            f"logger.name={config.name} needs the {config.name} package:"
-            f' pip install "{{ cookiecutter.project_slug }}[{config.name}]" (or choose another logger.name)'
+            f"logger.name={config.name} needs the {config.name} package: pip install {install}"
+            " (or choose another logger.name)"
         )
     if config.name == "wandb":
         # Lightning's own W&B logger works with Fabric (a Fabric logger underneath). It opens the run
