@@ -283,7 +283,8 @@ def test_a_missing_logger_package_is_refused_naming_the_install_that_brings_it(
         build_loggers(tiny_recipe(tmp_path, name=name), run_id="abcd1234")
     install = str(refused.value).split("pip install ")[1].split()[0]
     # The default logger's package is a dependency of the project, the others are extras of their name.
-    dependencies, extras = (Path(__file__).parents[2] / "pyproject.toml").read_text().split("[project.optional-dependencies]")
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    dependencies, extras = pyproject.split("[project.optional-dependencies]")
     if install == name:
         assert re.search(rf'^    "{name}>=', dependencies, re.MULTILINE)
     else:
