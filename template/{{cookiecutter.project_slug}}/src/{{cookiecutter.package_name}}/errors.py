@@ -1,4 +1,5 @@
-"""The errors a user sees, every exit code the project uses, and how a command turns them into an exit.
+"""The errors a user sees, every exit code the project uses, how a command turns them into an exit, and the
+option spelling every command line is checked for before anything else reads it.
 
 Nothing here imports torch: the command line refuses bad input before torch is loaded.
 """
