@@ -279,7 +279,7 @@ def test_a_missing_logger_package_is_refused_naming_the_install_that_brings_it(
 ) -> None:
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda module: None if module == name else find_spec(module))
-    with pytest.raises(RecipeError, match=f"^logger.name={name} needs the {name} package: pip install ") as refused:
+    with pytest.raises(RecipeError, match=f"^logger.name={name} needs {name}: pip install ") as refused:
         build_loggers(tiny_recipe(tmp_path, name=name), run_id="abcd1234")
     install = str(refused.value).split("pip install ")[1].split()[0]
     # The default logger's package is a dependency of the project, the others are extras of their name.

@@ -73,12 +73,8 @@ def build_loggers(recipe: Recipe, run_id: str) -> list[Logger]:
     out_dir, config = Path(recipe.out_dir), recipe.logger
     if config.name in ("wandb", "tensorboard") and importlib.util.find_spec(config.name) is None:
         # The default logger's package is a dependency of the project; each other logger is an extra of its name.
-        default = config.name == "{{ cookiecutter.logger }}"
-        install = config.name if default else f'"{{ cookiecutter.project_slug }}[{config.name}]"'
-        raise RecipeError(
-            f"logger.name={config.name} needs the {config.name} package: pip install {install}"
-            " (or choose another logger.name)"
-        )
+        install = config.name if config.name == "{{ cookiecutter.logger }}" else f'"{{ cookiecutter.project_slug }}[{config.name}]"'
+        raise RecipeError(f"logger.name={config.name} needs {config.name}: pip install {install} (or another logger)")
     if config.name == "wandb":
         # Lightning's own W&B logger works with Fabric (a Fabric logger underneath). It opens the run
         # with resume="allow" and logs the step as the metric trainer/global_step, the x-axis of every
