@@ -21,7 +21,7 @@ cd build/demo/my-project
 echo
 if [ "$TASK" = language_model ]; then
   echo "What the model writes after \"The old sailor\" (greedy, from the newest checkpoint):"
-  "$VENV/bin/my-project" sample runs/cpu-debug --prompt "The old sailor" --max-new-tokens 80 --temperature 0
+  "$VENV/bin/my-project" sample runs/cpu-debug --prompt "The old sailor" --max_new_tokens 80 --temperature 0
   more_steps=160
 else
   echo "Its top classes for five digits saved as PNG files (a 0, 1, 2, 3 and 4):"

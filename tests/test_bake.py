@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, bake, run
+from conftest import BIN, REPO, bake, run
 from cookiecutter.exceptions import FailedHookException
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -57,10 +57,11 @@ def test_default_answers_give_the_documented_layout(default_project: Path) -> No
     }.items():
         assert members <= {p.stem for p in (package / subpackage).glob("*.py")}, subpackage
     for extra in (
-        *("pyproject.toml", "setup.py", "constraints.txt", "README.md", "LICENSE", ".gitignore"),
+        *("pyproject.toml", "constraints.txt", "README.md", "LICENSE", ".gitignore"),
         *(".pre-commit-config.yaml", ".github/workflows/ci.yml", "scripts/slurm/train.sbatch"),
     ):
         assert (default_project / extra).is_file(), extra
+    assert not (default_project / "setup.py").exists()  # pyproject.toml alone builds it
     assert 'default="wandb"' in (package / "recipe" / "schema.py").read_text().replace(" ", "").replace(
         'Literal["wandb","tensorboard","csv","none"]=', "default="
     )
@@ -256,10 +257,10 @@ def test_constraints_pin_exactly_the_versions_the_template_tests_ran_with(
             name = canonicalize_name(requirement.name)
             assert pins.get(name) == specifier.version, f"{line}: the test group has {pins.get(name)}"
             seen.add(name)
-    # Every dependency and extra of the generated project is pinned (torchao: not in the tested set).
+    # Every dependency and extra of the generated project is pinned.
     project_table = tomllib.loads((default_project / "pyproject.toml").read_text())["project"]
     declared = [*project_table["dependencies"], *itertools.chain(*project_table["optional-dependencies"].values())]
-    names = {canonicalize_name(Requirement(line).name) for line in declared} - {"my-project", "torchao"}
+    names = {canonicalize_name(Requirement(line).name) for line in declared} - {"my-project"}
     assert names <= seen, names - seen
 
 
@@ -276,20 +277,37 @@ def test_dependencies_are_ranges_bounded_above_where_private_apis_are_used(defau
     pins = root_test_group()
     for name, requirement in requirements.items():
         assert requirement.specifier.contains(pins[name]), f"{requirement} excludes the tested {name}=={pins[name]}"
+    # Each feature's extra (the tools of `dev` aside) is bounded above and holds the tested version.
+    for extra in set(extras) - {"dev", "test"}:
+        for requirement in map(Requirement, extras[extra]):
+            assert "<" in {spec.operator for spec in requirement.specifier}, f"{extra}: {requirement}"
+            assert requirement.specifier.contains(pins[canonicalize_name(requirement.name)]), f"{extra}: {requirement}"
     # `dev` works on any OS: no DeepSpeed; `test` adds it on Linux.
     assert not any(line.startswith("deepspeed") for line in extras["dev"])
     assert any(line.startswith("deepspeed") and "linux" in line for line in extras["test"])
 
 
-@pytest.mark.parametrize(("logger", "needed", "optional"), [("wandb", "wandb", "tensorboard"), ("csv", None, None)])
-def test_only_the_chosen_logger_is_a_hard_dependency(
-    tmp_path: Path, logger: str, needed: str | None, optional: str | None
-) -> None:
+@pytest.mark.parametrize(("logger", "needed"), [("wandb", "wandb"), ("csv", None)])
+def test_only_the_chosen_logger_is_a_hard_dependency(tmp_path: Path, logger: str, needed: str | None) -> None:
     project = bake(tmp_path, logger=logger)
     project_table = tomllib.loads((project / "pyproject.toml").read_text())["project"]
     names = {canonicalize_name(Requirement(line).name) for line in project_table["dependencies"]}
     assert names & {"wandb", "tensorboard"} == ({needed} if needed else set())
-    assert {"wandb", "tensorboard"} <= set(project_table["optional-dependencies"])
+    # The other loggers are extras of their name; the default one is not also an extra.
+    loggers = {"wandb", "tensorboard"} - names
+    assert set(project_table["optional-dependencies"]) & {"wandb", "tensorboard"} == loggers
+    readme = (project / "README.md").read_text()
+    (row,) = [line for line in readme.splitlines() if "the other logger" in line]
+    assert set(re.findall(r"`(\w+)`", row.split("|")[1])) == loggers, row
+
+
+@pytest.mark.parametrize("project", ["default_project", "image_project"])
+def test_the_readme_extras_table_lists_every_extra(project: str, request: pytest.FixtureRequest) -> None:
+    folder: Path = request.getfixturevalue(project)
+    extras = set(tomllib.loads((folder / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    table = (folder / "README.md").read_text().split("| extra | what | when |\n")[1].split("\n\n")[0]
+    rows = table.splitlines()[1:]  # below the | --- | line
+    assert {name for row in rows for name in re.findall(r"`([\w-]+)`", row.split("|")[1])} == extras, table
 
 
 def test_generated_ci_lints_type_checks_and_tests_on_the_oldest_and_newest_python(default_project: Path) -> None:
@@ -308,6 +326,37 @@ def test_generated_ci_lints_type_checks_and_tests_on_the_oldest_and_newest_pytho
         assert any(command in step for step in steps), command
     readme = (default_project / "README.md").read_text()
     assert 'pip install -e ".[dev]" -c constraints.txt' in readme
+    assert workflow["permissions"] == {"contents": "read"}
+    checkout, setup_python = job["steps"][:2]
+    assert checkout["with"]["persist-credentials"] is False
+    assert setup_python["with"]["cache"] == "pip"
+    assert set(setup_python["with"]["cache-dependency-path"].split()) == {"pyproject.toml", "constraints.txt"}
+
+
+# Each action pinned to a full commit hash, the release it is in named beside it.
+PINNED_ACTION = re.compile(
+    r"^\s*- uses: (?P<action>[\w-]+/[\w-]+)@(?P<commit>[0-9a-f]{40}) # v(?P<major>\d+)\.\d+\.\d+$"
+)
+CURRENT_MAJOR = {"actions/checkout": 7, "actions/setup-python": 7}  # the majors that run on Node 24
+
+
+@pytest.mark.parametrize("workflow", ["generated", "template"])
+def test_workflows_pin_current_actions_to_commits_and_pass_the_actions_audits(
+    default_project: Path, workflow: str
+) -> None:
+    path = {"generated": default_project, "template": REPO}[workflow] / ".github" / "workflows" / "ci.yml"
+    uses = [line for line in path.read_text().splitlines() if "uses:" in line]
+    pins = [PINNED_ACTION.match(line) for line in uses]
+    assert all(pins), uses
+    assert {pin["action"]: int(pin["major"]) for pin in pins if pin} == CURRENT_MAJOR
+    audit = run(
+        [str(BIN / "zizmor"), "--offline", "--no-config", "--min-severity", "medium", str(path)], cwd=path.parent
+    )
+    assert audit.returncode == 0, audit.stdout[-3000:] + audit.stderr[-2000:]
+    schema = run(
+        [str(BIN / "check-jsonschema"), "--builtin-schema", "vendor.github-workflows", str(path)], cwd=path.parent
+    )
+    assert schema.returncode == 0, schema.stdout[-3000:] + schema.stderr[-2000:]
 
 
 def test_pre_commit_runs_the_ruff_of_the_tested_set(default_project: Path) -> None:
@@ -315,6 +364,8 @@ def test_pre_commit_runs_the_ruff_of_the_tested_set(default_project: Path) -> No
     (ruff,) = [repo for repo in config["repos"] if "ruff-pre-commit" in repo["repo"]]
     assert ruff["rev"] == f"v{root_test_group()['ruff']}"
     assert {hook["id"] for hook in ruff["hooks"]} == {"ruff-check", "ruff-format"}
+    validated = run([str(BIN / "pre-commit"), "validate-config", ".pre-commit-config.yaml"], cwd=default_project)
+    assert validated.returncode == 0, validated.stdout[-3000:] + validated.stderr[-2000:]
 
 
 def test_the_generated_package_passes_mypy(default_project: Path) -> None:

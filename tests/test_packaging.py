@@ -63,9 +63,17 @@ def test_the_wheel_carries_every_library_recipe(project_copy: Path, tmp_path: Pa
     )
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("my_project-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    expected = {f"my_project/recipes/{path.name}" for path in (project_copy / "recipes").glob("*.yaml")}
-    assert expected <= names
+    archive = zipfile.ZipFile(wheel)
+    names = set(archive.namelist())
+    library = sorted((project_copy / "recipes").glob("*.yaml"))
+    assert len(library) >= 20
+    # Every recipe of the library, byte for byte, and nothing else under the package's recipes/.
+    assert {name for name in names if name.startswith("my_project/recipes/")} == {
+        f"my_project/recipes/{path.name}" for path in library
+    }
+    for path in library:
+        assert archive.read(f"my_project/recipes/{path.name}") == path.read_bytes(), path.name
+    assert not (project_copy / "setup.py").exists()  # pyproject.toml alone puts them there
     assert any(name.endswith("licenses/LICENSE") for name in names)
     python = venv(tmp_path / "venv")
     pip_install(python, str(wheel))

@@ -16,7 +16,7 @@ from jsonargparse import ArgumentParser
 
 from {{ cookiecutter.package_name }} import __version__
 from {{ cookiecutter.package_name }}.commands import choose_a_command, command_table, first_line, load_command
-from {{ cookiecutter.package_name }}.errors import RecipeError, run_command
+from {{ cookiecutter.package_name }}.errors import RecipeError, refuse_dashed_options, run_command
 
 PROG = "{{ cookiecutter.project_slug }}"
 
@@ -37,6 +37,7 @@ def build_parser(table: dict[str, str] | None = None) -> ArgumentParser:
 
 def dispatch(argv: list[str]) -> None:
     """Run a command line; raises RecipeError for user errors."""
+    refuse_dashed_options(argv)
     table = command_table()
     if argv and argv[0] in table:  # the command parses its own words
         load_command(argv[0], table).run(argv[1:], PROG)

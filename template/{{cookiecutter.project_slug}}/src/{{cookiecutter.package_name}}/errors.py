@@ -1,4 +1,5 @@
-"""The errors a user sees, every exit code the project uses, and how a command turns them into an exit.
+"""The errors a user sees, every exit code the project uses, how a command turns them into an exit, and the
+option spelling every command line is checked for before anything else reads it.
 
 Nothing here imports torch: the command line refuses bad input before torch is loaded.
 """
@@ -6,6 +7,7 @@ Nothing here imports torch: the command line refuses bad input before torch is l
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
 from enum import IntEnum
@@ -39,6 +41,20 @@ class TrainingStopped(Exception):
 
 
 MAX_ERROR_CHARACTERS = 1000
+# An option word spelled with a dash inside its name: `--max-new-tokens`, `--train.max-steps=5`.
+DASHED_OPTION = re.compile(r"--[A-Za-z][\w.]*(?:-[\w.]+)+")
+
+
+def refuse_dashed_options(argv: list[str]) -> None:
+    """Every option is spelled with underscores, the commands' own as the recipe fields beside them
+    (`--max_new_tokens`, `--gpu_memory_gib`, `--num_nodes`, `--train.max_steps`): a dashed spelling is refused
+    naming the right one, rather than read as an abbreviation or an unknown field."""
+    for word in argv:
+        if word == "--":  # what follows is not options
+            return
+        name = word.split("=", 1)[0]
+        if DASHED_OPTION.fullmatch(name):
+            raise RecipeError(f"{name}: options are spelled with underscores: --{name[2:].replace('-', '_')}")
 
 
 def one_line(message: str) -> str:

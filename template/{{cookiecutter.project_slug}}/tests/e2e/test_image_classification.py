@@ -113,8 +113,8 @@ def image_folder(root: Path) -> Path:
 def test_a_prepared_png_folder_trains_and_resumes_bitwise(tmp_path: Path) -> None:
     folder = image_folder(tmp_path / "images")
     prepared = tmp_path / "prepared"
-    made = run_cli("prepare", str(folder), "--out", str(prepared), "--image-size", "8", "--channels", "3",
-                   "--val-fraction", "0.25", "--workers", "2")  # fmt: skip
+    made = run_cli("prepare", str(folder), "--out", str(prepared), "--image_size", "8", "--channels", "3",
+                   "--val_fraction", "0.25", "--workers", "2")  # fmt: skip
     assert made.returncode == 0, made.stderr[-3000:]
     assert "48 images of 3 classes" in made.stdout
     data = [
@@ -141,7 +141,7 @@ def test_an_exported_checkpoint_gives_transformers_the_same_logits(
     transformers = pytest.importorskip("transformers")  # a test dependency (Python 3.11+)
     checkpoint = trained(name) / "checkpoints" / f"step-{STEPS:08d}"
     shard_limit = "10000" if split else "1000000000"  # the ~0.1 MB of weights in several files, or one
-    main(["export", str(checkpoint), str(tmp_path / "hf"), "--max-shard-bytes", shard_limit])
+    main(["export", str(checkpoint), str(tmp_path / "hf"), "--max_shard_bytes", shard_limit])
     assert (tmp_path / "hf" / "model.safetensors.index.json").is_file() == split
     exported = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
     assert exported.config.id2label[3] == "3"

@@ -94,7 +94,7 @@ def test_an_exported_checkpoint_gives_transformers_the_same_logits(
 ) -> None:
     checkpoint = trained(name) / "checkpoints" / f"step-{STEPS:08d}"
     shard_limit = "100000" if split else "1000000000"  # the ~0.4 MB of weights in several files, or one
-    main(["export", str(checkpoint), str(tmp_path / "hf"), "--max-shard-bytes", shard_limit])
+    main(["export", str(checkpoint), str(tmp_path / "hf"), "--max_shard_bytes", shard_limit])
     files = list((tmp_path / "hf").glob("*.safetensors"))
     assert len(files) > 1 if split else [file.name for file in files] == ["model.safetensors"]
     assert (tmp_path / "hf" / "model.safetensors.index.json").is_file() == split

@@ -21,8 +21,8 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     raw = tmp_path_factory.mktemp("corpus")
     write_corpus(raw)
     out = tmp_path_factory.mktemp("prepared") / "data"
-    result = run_cli("prepare", str(raw), "--out", str(out), "--train-tokenizer", "400", "--val-fraction", "0.1",
-                     "--shard-tokens", "1000", "--workers", "2")  # fmt: skip
+    result = run_cli("prepare", str(raw), "--out", str(out), "--train_tokenizer", "400", "--val_fraction", "0.1",
+                     "--shard_tokens", "1000", "--workers", "2")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(json.loads((out / "manifest.json").read_text())["shards"]) > 3  # windows cross shard boundaries
     return out
@@ -57,9 +57,9 @@ def test_killed_run_on_shards_resumes_bitwise_identical_and_samples(tmp_path: Pa
     assert weights.keys() == expected.keys() and all(torch.equal(weights[k], expected[k]) for k in weights)
 
     # `sample` finds the newest checkpoint of the run, decodes with the prepared folder's tokenizer.
-    greedy = [run_cli("sample", str(run), "--prompt", "The fox", "--max-new-tokens", "12", "--temperature", "0")]
+    greedy = [run_cli("sample", str(run), "--prompt", "The fox", "--max_new_tokens", "12", "--temperature", "0")]
     greedy.append(run_cli("sample", str(run / "checkpoints" / f"step-{MAX_STEPS:08d}"), "--prompt", "The fox",
-                          "--max-new-tokens", "12", "--temperature", "0"))  # fmt: skip
+                          "--max_new_tokens", "12", "--temperature", "0"))  # fmt: skip
     assert all(result.returncode == 0 for result in greedy), greedy[0].stderr[-2000:]
     assert greedy[0].stdout.startswith("The fox") and greedy[0].stdout == greedy[1].stdout
     assert len(greedy[0].stdout.strip()) > len("The fox")

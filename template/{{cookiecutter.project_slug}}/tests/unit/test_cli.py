@@ -5,11 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import MULTINODE, RECIPES, cli_env
 
-from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.cli import build_parser, main
 
 
 def test_recipes_list_prints_one_line_per_recipe(capsys: pytest.CaptureFixture[str]) -> None:
@@ -93,3 +94,54 @@ def test_checkpoint_list_does_not_import_torch(tmp_path: Path) -> None:
     )
     result = subprocess.run([sys.executable, "-c", script], env=cli_env(), capture_output=True, text=True)
     assert result.returncode == 0 and "no checkpoints in" in result.stdout, result.stderr[-2000:]
+
+
+def command_options(parser: Any, command: str = "") -> dict[str, list[str]]:
+    """Every long option of every command (and subcommand) of the command line, by command."""
+    options: dict[str, list[str]] = {}
+    for action in parser._actions:  # argparse's record of the parser's arguments
+        if isinstance(action.choices, dict):  # subcommands: their parsers
+            for name, subparser in action.choices.items():
+                options |= command_options(subparser, f"{command} {name}".strip())
+        else:
+            options.setdefault(command, []).extend(o for o in action.option_strings if o.startswith("--"))
+    return options
+
+
+def test_every_option_of_every_command_is_spelled_with_underscores() -> None:
+    options = command_options(build_parser())
+    every = {name for names in options.values() for name in names}
+    assert {"--gpu_memory_gib", "--job_name", "--max_timeouts", "--train.max_steps"} <= every
+    dashed = {command: [name for name in names if "-" in name[2:]] for command, names in options.items()}
+    assert not {command: names for command, names in dashed.items() if names}
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["plan", "fsdp2-node", "--gpu-memory-gib", "80"],
+        ["slurm", "fsdp2-node", "--job-name=mine"],
+        ["submit", "cpu-debug", "--max-timeouts", "2"],
+        ["train", "--config", "recipes/cpu-debug.yaml", "--train.max-steps", "5"],
+    ],
+)
+def test_a_dashed_option_is_refused_naming_its_underscore_spelling(
+    words: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (dashed,) = [word.split("=")[0] for word in words if word.startswith("--") and "-" in word[2:]]
+    with pytest.raises(SystemExit) as exited:
+        main(words)
+    assert exited.value.code == 2
+    right = "--" + dashed[2:].replace("-", "_")
+    assert capsys.readouterr().err == f"error: {dashed}: options are spelled with underscores: {right}\n"
+
+
+def test_every_dashed_spelling_of_a_command_option_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """The task's commands too (`prepare`, `sample`/`predict`, `export`), not only the machinery's."""
+    for command, names in command_options(build_parser()).items():
+        for name in [name for name in names if "_" in name and "." not in name]:
+            dashed = "--" + name[2:].replace("_", "-")
+            with pytest.raises(SystemExit) as exited:
+                main([*command.split(), dashed, "1"])
+            assert exited.value.code == 2
+            assert capsys.readouterr().err == f"error: {dashed}: options are spelled with underscores: {name}\n"

@@ -39,10 +39,10 @@ def test_prepare_refuses_a_folder_without_classes_and_an_existing_output(
 ) -> None:
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "a.png").write_bytes(b"not read")
-    err = fail_with(["prepare", str(tmp_path / "flat"), "--out", str(tmp_path / "out"), "--image-size", "8"], capsys)
+    err = fail_with(["prepare", str(tmp_path / "flat"), "--out", str(tmp_path / "out"), "--image_size", "8"], capsys)
     assert "flat" in err and not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
     (tmp_path / "out").mkdir()
-    err = fail_with(["prepare", str(tmp_path / "flat"), "--out", str(tmp_path / "out"), "--image-size", "8"], capsys)
+    err = fail_with(["prepare", str(tmp_path / "flat"), "--out", str(tmp_path / "out"), "--image_size", "8"], capsys)
     assert "out" in err
 
 
@@ -63,6 +63,6 @@ def test_prepare_never_deletes_a_partial_folder_it_did_not_make(
     left = tmp_path / "out.partial"
     left.mkdir()
     (left / "notes.txt").write_text("keep")
-    err = fail_with(["prepare", str(tmp_path / "images"), "--out", str(tmp_path / "out"), "--image-size", "8"], capsys)
+    err = fail_with(["prepare", str(tmp_path / "images"), "--out", str(tmp_path / "out"), "--image_size", "8"], capsys)
     assert "out.partial exists" in err
     assert (left / "notes.txt").read_text() == "keep" and not (tmp_path / "out").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import importlib.util
 import io
 import re
 from pathlib import Path
@@ -15,6 +16,7 @@ from lightning.fabric import Fabric
 from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.planner.hardware import gpu_model, peak_tflops
 from {{ cookiecutter.package_name }}.recipe.schema import LoggerConfig, TrainConfig
 from {{ cookiecutter.package_name }}.tasks import task_for
@@ -269,6 +271,25 @@ def test_wandb_logs_through_lightnings_logger_without_a_version_warning(
     finish_loggers(loggers)
     assert "tested and supported" not in "".join(capfd.readouterr())
     assert [path.name.endswith("-abcd1234") for path in (tmp_path / "wandb").glob("offline-run-*")] == [True]
+
+
+@pytest.mark.parametrize("name", ["wandb", "tensorboard"])
+def test_a_missing_logger_package_is_refused_naming_the_install_that_brings_it(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda module: None if module == name else find_spec(module))
+    with pytest.raises(RecipeError, match=f"^logger.name={name} needs {name}: pip install ") as refused:
+        build_loggers(tiny_recipe(tmp_path, name=name), run_id="abcd1234")
+    install = str(refused.value).split("pip install ")[1].split()[0]
+    # The default logger's package is a dependency of the project, the others are extras of their name.
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    dependencies, extras = pyproject.split("[project.optional-dependencies]")
+    if install == name:
+        assert re.search(rf'^    "{name}>=', dependencies, re.MULTILINE)
+    else:
+        assert install == f'"{{ cookiecutter.project_slug }}[{name}]"'
+        assert re.search(rf'^{name} = \["{name}>=', extras, re.MULTILINE)
 
 
 def test_credentials_are_never_recipe_fields() -> None:

@@ -4,6 +4,7 @@ the recipe it writes (its model-state figures are checked against real per-rank 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from argparse import Namespace
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import RECIPES, cli_env
+from helpers import PROJECT, RECIPES, cli_env
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.commands.plan import plan_device
@@ -105,6 +106,35 @@ def test_the_json_lists_every_candidate_with_the_documented_fields(capsys: pytes
     assert comm["fsdp2_tp2"] > comm["fsdp2"]  # plus tensor parallel's per-layer all-reduces
     hsdp = plan_json(capsys, "hsdp-multinode")["options"][3]
     assert hsdp["strategy"] == "hsdp" and hsdp["comm_volume_vs_ddp"] == pytest.approx(1.5 + 1 / 8)
+
+
+def assert_shown_as_printed(shown: object, printed: object, where: str) -> None:
+    """The README's example is the command's output trimmed: the same keys in the same order at every level,
+    each value as printed, a list its first elements, a string ending in '...' a shortened one."""
+    if isinstance(shown, dict):
+        assert isinstance(printed, dict) and list(shown) == list(printed), f"{where}: {list(shown)} != {list(printed)}"
+        for key in shown:
+            assert_shown_as_printed(shown[key], printed[key], f"{where}.{key}")
+    elif isinstance(shown, list):
+        assert isinstance(printed, list) and printed, where
+        for index, element in enumerate(shown):  # an option is shown with the one of its strategy
+            same = [item for item in printed if isinstance(item, dict) and item.get("strategy") == element["strategy"]]
+            assert_shown_as_printed(element, same[0] if same else None, f"{where}[{index}]")
+    elif isinstance(shown, str) and shown.endswith("..."):
+        kept = [part for part in shown.split("...") if part]
+        assert isinstance(printed, str) and all(part in printed for part in kept), f"{where}: {printed!r}"
+    else:
+        assert shown == printed, f"{where}: the README shows {shown!r}, the command prints {printed!r}"
+
+
+def test_the_readmes_json_example_is_what_the_command_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    readme = (PROJECT / "README.md").read_text()
+    found = re.search(r"`--json` prints the plan as data \(here `plan ([^`]+)`.*?```json\n(.*?)```", readme, re.S)
+    assert found, "the README's plan --json example"
+    command, example = found.groups()
+    arguments = command.split()
+    assert arguments[-1] == "--json"
+    assert_shown_as_printed(json.loads(example), plan_json(capsys, *arguments[:-1]), "plan")
 
 
 def test_overrides_change_the_model_and_layout(capsys: pytest.CaptureFixture[str]) -> None:

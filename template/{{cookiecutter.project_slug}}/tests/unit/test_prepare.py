@@ -36,9 +36,9 @@ def prepare_args(inputs: Path, out: Path, *extra: str) -> list[str]:
         str(inputs),
         "--out",
         str(out),
-        "--val-fraction",
+        "--val_fraction",
         "0.1",
-        "--shard-tokens",
+        "--shard_tokens",
         str(SHARD_TOKENS),
         *extra,
     ]
@@ -53,7 +53,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory, corpus: tuple[Path, list[str]]) -> Path:
     out = tmp_path_factory.mktemp("prepared") / "data"
-    result = run_cli(*prepare_args(corpus[0], out, "--train-tokenizer", "400", "--workers", "2"))
+    result = run_cli(*prepare_args(corpus[0], out, "--train_tokenizer", "400", "--workers", "2"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"data.path: {out}" in result.stdout
     return out
@@ -101,7 +101,7 @@ def test_prepare_twice_gives_identical_bytes_whatever_the_workers(
     tmp_path: Path, prepared: Path, corpus: tuple[Path, list[str]]
 ) -> None:
     again = tmp_path / "again"
-    result = run_cli(*prepare_args(corpus[0], again, "--train-tokenizer", "400", "--workers", "1"))
+    result = run_cli(*prepare_args(corpus[0], again, "--train_tokenizer", "400", "--workers", "1"))
     assert result.returncode == 0, result.stderr[-3000:]
     names = sorted(p.name for p in prepared.iterdir())
     assert names == sorted(p.name for p in again.iterdir()) and "shard-00001.bin" in names
@@ -145,7 +145,7 @@ def test_interrupted_prepare_is_refused_by_train(tmp_path: Path, corpus: tuple[P
     out = tmp_path / "data"
     partial = tmp_path / "data.partial"
     process = subprocess.Popen(
-        [sys.executable, "-m", PACKAGE, *prepare_args(corpus[0], out, "--train-tokenizer", "400", "--workers", "2")],
+        [sys.executable, "-m", PACKAGE, *prepare_args(corpus[0], out, "--train_tokenizer", "400", "--workers", "2")],
         env=cli_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -203,21 +203,21 @@ def test_bad_inputs_exit_2_with_one_line(
             "model.vocab_size=256 is smaller than the vocabulary of data.path=",
         ),
         "jsonl without the text field": (
-            prepare_args(corpus[0] / "c.jsonl", out, "--train-tokenizer", "300", "--text-field", "body"),
-            f"{corpus[0] / 'c.jsonl'}:1: no text field 'body' (found: id, text; choose with --text-field)",
+            prepare_args(corpus[0] / "c.jsonl", out, "--train_tokenizer", "300", "--text_field", "body"),
+            f"{corpus[0] / 'c.jsonl'}:1: no text field 'body' (found: id, text; choose with --text_field)",
         ),
-        "empty input": (prepare_args(empty, out, "--train-tokenizer", "300"), "no .txt, .jsonl, .parquet files found"),
+        "empty input": (prepare_args(empty, out, "--train_tokenizer", "300"), "no .txt, .jsonl, .parquet files found"),
         "empty files": (
-            prepare_args(empty_files, out, "--train-tokenizer", "300"),
+            prepare_args(empty_files, out, "--train_tokenizer", "300"),
             "all 2 files are empty (empty input)",
         ),
         "shard checksum mismatch": (
             train_args(tmp_path / "run", *prepared_data(damaged_copy(prepared, tmp_path))),
             "shard-00001.bin does not match its sha256 in manifest.json",
         ),
-        "output exists": (prepare_args(corpus[0], prepared, "--train-tokenizer", "300"), "already exists"),
+        "output exists": (prepare_args(corpus[0], prepared, "--train_tokenizer", "300"), "already exists"),
         "both tokenizer options": (
-            prepare_args(corpus[0], out, "--train-tokenizer", "300", "--tokenizer", str(prepared / "tokenizer.json")),
+            prepare_args(corpus[0], out, "--train_tokenizer", "300", "--tokenizer", str(prepared / "tokenizer.json")),
             "exactly one of --tokenizer",
         ),
     }[case]
@@ -229,7 +229,7 @@ def test_bad_inputs_exit_2_with_one_line(
 
 
 def test_small_train_tokenizer_size_is_refused(tmp_path: Path, corpus: tuple[Path, list[str]]) -> None:
-    result = run_cli(*prepare_args(corpus[0], tmp_path / "out", "--train-tokenizer", "100"))
+    result = run_cli(*prepare_args(corpus[0], tmp_path / "out", "--train_tokenizer", "100"))
     assert result.returncode == 2 and "needs at least 257 tokens" in result.stderr, result.stderr
     assert not (tmp_path / "out.partial").exists()
 
@@ -265,6 +265,6 @@ def test_prepare_never_deletes_a_partial_folder_it_did_not_make(tmp_path: Path, 
     left = tmp_path / "out.partial"
     left.mkdir()
     (left / "notes.txt").write_text("keep")
-    result = run_cli(*prepare_args(corpus[0], tmp_path / "out", "--train-tokenizer", "400"))
+    result = run_cli(*prepare_args(corpus[0], tmp_path / "out", "--train_tokenizer", "400"))
     assert result.returncode == 2 and "out.partial exists" in result.stderr, result.stderr
     assert (left / "notes.txt").read_text() == "keep" and not (tmp_path / "out").exists()

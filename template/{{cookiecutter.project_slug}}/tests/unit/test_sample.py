@@ -56,8 +56,8 @@ def test_checkpoint_of_token_file_data_has_no_tokenizer(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        (["--top-k", "0"], "--top-k 0 must be >= 1"),
-        (["--max-new-tokens", "0"], "--max-new-tokens 0 must be >= 1"),
+        (["--top_k", "0"], "--top_k 0 must be >= 1"),
+        (["--max_new_tokens", "0"], "--max_new_tokens 0 must be >= 1"),
         (["--temperature", "-1"], "--temperature -1 must be >= 0"),
     ],
 )

@@ -11,7 +11,7 @@ from {{ cookiecutter.package_name }}.errors import RecipeError
 
 def recipes_dir() -> Path:
     """The recipe library: `recipes/` of the source checkout (also under an editable install), else the
-    copy a regular install or wheel carries as package data (`<package>/recipes`, see setup.py), else
+    copy a regular install or wheel carries as package data (`<package>/recipes`, see pyproject.toml), else
     `recipes/` in the current folder."""
     beside_source = Path(__file__).resolve().parents[3] / "recipes"
     if beside_source.is_dir():

@@ -19,7 +19,7 @@ from {{ cookiecutter.package_name }}.checkpoint.io import Checkpointer
 from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_root
 from {{ cookiecutter.package_name }}.cluster.preemption import Preemption
 from {{ cookiecutter.package_name }}.data.sampler import Batch
-from {{ cookiecutter.package_name }}.errors import run_command
+from {{ cookiecutter.package_name }}.errors import refuse_dashed_options, run_command
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.tasks import Task
@@ -136,7 +136,12 @@ def validate(fabric: Fabric, task: Task, model: torch.nn.Module, batches: list[B
 def main(argv: list[str] | None = None) -> None:
     """Script entry point for launchers: `train.py --config recipe.yaml [--key.sub value ...]`."""
     arguments = sys.argv[1:] if argv is None else argv
-    run_command(lambda: train(parse_recipe(arguments, "train.py")))
+
+    def parse_and_train() -> None:
+        refuse_dashed_options(arguments)
+        train(parse_recipe(arguments, "train.py"))
+
+    run_command(parse_and_train)
 
 
 if __name__ == "__main__":

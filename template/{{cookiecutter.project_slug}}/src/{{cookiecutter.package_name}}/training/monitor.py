@@ -72,10 +72,9 @@ def build_loggers(recipe: Recipe, run_id: str) -> list[Logger]:
     """
     out_dir, config = Path(recipe.out_dir), recipe.logger
     if config.name in ("wandb", "tensorboard") and importlib.util.find_spec(config.name) is None:
-        raise RecipeError(
-            f"logger.name={config.name} needs the {config.name} package:"
-            f' pip install "{{ cookiecutter.project_slug }}[{config.name}]" (or choose another logger.name)'
-        )
+        # The default logger's package is a dependency of the project; each other logger is an extra of its name.
+        install = config.name if config.name == "{{ cookiecutter.logger }}" else f'"{{ cookiecutter.project_slug }}[{config.name}]"'
+        raise RecipeError(f"logger.name={config.name} needs {config.name}: pip install {install} (or another logger)")
     if config.name == "wandb":
         # Lightning's own W&B logger works with Fabric (a Fabric logger underneath). It opens the run
         # with resume="allow" and logs the step as the metric trainer/global_step, the x-axis of every

@@ -51,7 +51,7 @@ def export_hf(path: Path, out_dir: Path, max_shard_bytes: int, labels: list[str]
     if out_dir.exists() and any(out_dir.iterdir()):
         raise RecipeError(f"{out_dir} exists and is not empty: choose a new folder")
     if max_shard_bytes < 1:
-        raise RecipeError(f"--max-shard-bytes={max_shard_bytes} must be >= 1")
+        raise RecipeError(f"--max_shard_bytes={max_shard_bytes} must be >= 1")
     names, read = checkpoint_tensor_reader(path)
     partial = new_partial(out_dir)
     written = write_safetensors(hf_weights(config, names, read), partial, max_shard_bytes)

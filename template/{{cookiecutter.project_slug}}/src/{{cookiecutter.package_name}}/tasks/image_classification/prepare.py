@@ -1,6 +1,6 @@
 """`prepare` for images: a folder of class subfolders -> uint8 shards at the model's image size, labels, manifest.
 
-    prepare data/flowers --image-size 224 --channels 3 --out data/flowers-224
+    prepare data/flowers --image_size 224 --channels 3 --out data/flowers-224
 
 The input holds one subfolder per class: the classes are the sorted subfolder names and a label is
 its class's index. Their .png, .jpg and .jpeg files (any case, at any depth) are the images; other files
@@ -244,15 +244,15 @@ def prepare_images(
 ) -> dict[str, Any]:
     """Decode an image folder into a prepared folder at `out`; return its manifest. Checks everything it can first."""
     if image_size < 1 or channels not in (1, 3):
-        raise RecipeError(f"--image-size {image_size} must be >= 1 and --channels {channels} 1 (grey) or 3 (RGB)")
+        raise RecipeError(f"--image_size {image_size} must be >= 1 and --channels {channels} 1 (grey) or 3 (RGB)")
     if not 0 < val_fraction < 1:
-        raise RecipeError(f"--val-fraction {val_fraction:g} must be in (0, 1)")
+        raise RecipeError(f"--val_fraction {val_fraction:g} must be in (0, 1)")
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if shard_images is None:
         shard_images = max(1, SHARD_BYTES // (image_size * image_size * channels))
     if workers < 1 or shard_images < 1:
-        raise RecipeError(f"--workers {workers} and --shard-images {shard_images} must be >= 1")
+        raise RecipeError(f"--workers {workers} and --shard_images {shard_images} must be >= 1")
     target = Path(out)
     if target.exists():
         raise RecipeError(f"--out {out!r} already exists (choose another folder or delete it)")

@@ -101,7 +101,7 @@ class DataConfig:
         token_dtype: Integer type of the token file (uint16 for vocabularies up to 65536); a
             prepared folder states its own.
         val_fraction: Fraction of the tokens held out, at the end, for validation; a prepared
-            folder brings its own split (`prepare --val-fraction`).
+            folder brings its own split (`prepare --val_fraction`).
     """
 
     source: Literal["embedded", "text", "tokens", "prepared"] = "embedded"

@@ -70,11 +70,11 @@ def generate(
 def sample(checkpoint: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None, seed: int) -> str:
     """The prompt and its continuation by the model of a checkpoint, as text."""
     if max_new_tokens < 1:
-        raise RecipeError(f"--max-new-tokens {max_new_tokens} must be >= 1")
+        raise RecipeError(f"--max_new_tokens {max_new_tokens} must be >= 1")
     if temperature < 0:
         raise RecipeError(f"--temperature {temperature:g} must be >= 0 (0: always the most likely token)")
     if top_k is not None and top_k < 1:
-        raise RecipeError(f"--top-k {top_k} must be >= 1 (or omitted: no limit)")
+        raise RecipeError(f"--top_k {top_k} must be >= 1 (or omitted: no limit)")
     path = resolve_checkpoint(checkpoint)
     model, recipe = load_model(path)
     encode, decode, eos = text_codec(recipe)

@@ -18,7 +18,7 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
     parser.add_argument("checkpoint", help="A checkpoint folder, or a run: its newest.")
     parser.add_argument("out_dir", help="Folder to write (new or empty).")
     parser.add_argument("--format", choices=["hf"], default="hf", help="hf: config.json + safetensors + preprocessor.")
-    parser.add_argument("--max-shard-bytes", type=int, default=5 * 10**9, help="Largest safetensors file.")
+    parser.add_argument("--max_shard_bytes", type=int, default=5 * 10**9, help="Largest safetensors file.")
 
 
 def run(argv: list[str], prog: str) -> None:

@@ -14,10 +14,10 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
     parser.description = "Decode, resize and shard an image folder: one subfolder per class of PNG/JPEG files."
     parser.add_argument("folder", help="The image folder: FOLDER/<class>/<image>.png|jpg|jpeg.")
     parser.add_argument("--out", required=True, help="Folder to write (must not exist); data.path of the recipe.")
-    parser.add_argument("--image-size", type=int, required=True, help="Pixels per side (model.image_size).")
+    parser.add_argument("--image_size", type=int, required=True, help="Pixels per side (model.image_size).")
     parser.add_argument("--channels", type=int, choices=[1, 3], default=3, help="1: grey, 3: RGB (model.channels).")
-    parser.add_argument("--val-fraction", type=float, default=0.05, help="Share of images held out.")
-    parser.add_argument("--shard-images", type=int, default=None, help="Images per shard file (default: ~512 MiB).")
+    parser.add_argument("--val_fraction", type=float, default=0.05, help="Share of images held out.")
+    parser.add_argument("--shard_images", type=int, default=None, help="Images per shard file (default: ~512 MiB).")
     parser.add_argument("--workers", type=int, default=None, help="Decoding processes (default: every core).")
 
 

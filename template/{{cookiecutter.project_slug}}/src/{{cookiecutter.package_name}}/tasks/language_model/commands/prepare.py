@@ -15,11 +15,11 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
     parser.add_argument("inputs", nargs="+", help="Folders, files or globs of .txt, .jsonl and .parquet files.")
     parser.add_argument("--out", required=True, help="Folder to write (must not exist); data.path of the recipe.")
     parser.add_argument("--tokenizer", default=None, help="A Hugging Face tokenizer.json to tokenize with.")
-    parser.add_argument("--train-tokenizer", type=int, default=None, help="Train a byte-level BPE of this size.")
-    parser.add_argument("--text-field", default="text", help="Text field of .jsonl records / column of .parquet.")
-    parser.add_argument("--val-fraction", type=float, default=0.01, help="Share of tokens held out.")
+    parser.add_argument("--train_tokenizer", type=int, default=None, help="Train a byte-level BPE of this size.")
+    parser.add_argument("--text_field", default="text", help="Text field of .jsonl records / column of .parquet.")
+    parser.add_argument("--val_fraction", type=float, default=0.01, help="Share of tokens held out.")
     parser.add_argument("--workers", type=int, default=None, help="Tokenizing processes (default: every core).")
-    parser.add_argument("--shard-tokens", type=int, default=1 << 28, help="Tokens per shard file.")
+    parser.add_argument("--shard_tokens", type=int, default=1 << 28, help="Tokens per shard file.")
 
 
 def run(argv: list[str], prog: str) -> None:

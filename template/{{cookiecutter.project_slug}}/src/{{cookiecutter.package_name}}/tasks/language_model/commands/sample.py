@@ -14,9 +14,9 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
     parser.description = "Continue a prompt with a trained checkpoint."
     parser.add_argument("checkpoint", help="A checkpoint folder, or a run: its newest.")
     parser.add_argument("--prompt", default="", help="Text to continue (empty: start a new document).")
-    parser.add_argument("--max-new-tokens", type=int, default=200, help="Tokens to generate.")
+    parser.add_argument("--max_new_tokens", type=int, default=200, help="Tokens to generate.")
     parser.add_argument("--temperature", type=float, default=0.8, help="Sampling temperature (0: greedy).")
-    parser.add_argument("--top-k", type=int, default=200, help="Sample among the k most likely tokens only.")
+    parser.add_argument("--top_k", type=int, default=200, help="Sample among the k most likely tokens only.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the sampling.")
 
 

@@ -1,7 +1,7 @@
 """`prepare`: .txt, .jsonl and .parquet files -> token shards, manifest.json and tokenizer.json in one folder.
 
-    prepare data/raw --train-tokenizer 32000 --out data/prepared
-    prepare 'data/raw/**/*.jsonl' --tokenizer tokenizer.json --text-field content --out data/prepared
+    prepare data/raw --train_tokenizer 32000 --out data/prepared
+    prepare 'data/raw/**/*.jsonl' --tokenizer tokenizer.json --text_field content --out data/prepared
 
 A document is a whole .txt file, the text field of a .jsonl line, or the text column of a .parquet
 row. Documents are tokenized in input order, each followed by the tokenizer's end-of-document
@@ -93,7 +93,7 @@ def check_text_field(sources: list[Source], text_field: str) -> None:
             columns = pq.read_schema(source.path).names
             if text_field not in columns:
                 raise RecipeError(
-                    f"{source.path}: no column {text_field!r} (columns: {', '.join(columns)}; choose with --text-field)"
+                    f"{source.path}: no column {text_field!r} (columns: {', '.join(columns)}; choose with --text_field)"
                 )
         elif source.format == "jsonl":
             with source.path.open(encoding="utf-8") as lines:
@@ -111,7 +111,7 @@ def _text_of(line: str, path: Path, number: int, text_field: str) -> str:
     text = record.get(text_field) if isinstance(record, dict) else None
     if not isinstance(text, str):
         keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-        raise RecipeError(f"{path}:{number}: no text field {text_field!r} (found: {keys}; choose with --text-field)")
+        raise RecipeError(f"{path}:{number}: no text field {text_field!r} (found: {keys}; choose with --text_field)")
     return text
 
 
@@ -273,13 +273,13 @@ def prepare(
 ) -> dict[str, Any]:
     """Tokenize the inputs into a prepared folder at `out`; return its manifest. Checks everything it can first."""
     if (tokenizer_file is None) == (train_tokenizer is None):
-        raise RecipeError("prepare needs exactly one of --tokenizer tokenizer.json or --train-tokenizer VOCAB_SIZE")
+        raise RecipeError("prepare needs exactly one of --tokenizer tokenizer.json or --train_tokenizer VOCAB_SIZE")
     if not 0 < val_fraction < 1:
-        raise RecipeError(f"--val-fraction {val_fraction:g} must be in (0, 1)")
+        raise RecipeError(f"--val_fraction {val_fraction:g} must be in (0, 1)")
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if workers < 1 or shard_tokens < 1:
-        raise RecipeError(f"--workers {workers} and --shard-tokens {shard_tokens} must be >= 1")
+        raise RecipeError(f"--workers {workers} and --shard_tokens {shard_tokens} must be >= 1")
     target = Path(out)
     if target.exists():
         raise RecipeError(f"--out {out!r} already exists (choose another folder or delete it)")

@@ -83,7 +83,7 @@ def load_splits(config: DataConfig, model: ModelConfig) -> tuple[Any, Any]:
     boundary = manifest["validation"]["first_token"]
     train, val = tokens.view(0, boundary), tokens.view(boundary, len(tokens))
     return _long_enough(
-        train, val, model.block_size, hint="prepare more data, or prepare again with another --val-fraction"
+        train, val, model.block_size, hint="prepare more data, or prepare again with another --val_fraction"
     )
 
 

@@ -46,7 +46,7 @@ def train_byte_level_bpe(texts: Iterable[str], size: int, show_progress: bool = 
     """
     if size < BYTE_ALPHABET + 1:
         raise RecipeError(
-            f"--train-tokenizer {size}: a byte-level BPE needs at least {BYTE_ALPHABET + 1} tokens"
+            f"--train_tokenizer {size}: a byte-level BPE needs at least {BYTE_ALPHABET + 1} tokens"
             f" ({BYTE_ALPHABET} bytes + {EOS_TOKEN})"
         )
     tokenizer = Tokenizer(models.BPE())
