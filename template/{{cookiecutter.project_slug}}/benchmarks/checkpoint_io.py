@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from {{ cookiecutter.package_name }}.checkpoint.io import Checkpointer, load_checkpoint
+from {{ cookiecutter.package_name }}.checkpoint.io import Checkpointer
+from {{ cookiecutter.package_name }}.checkpoint.load import load_checkpoint
 from {{ cookiecutter.package_name }}.errors import exit_process
 from {{ cookiecutter.package_name }}.recipe.load import load_recipe
 from {{ cookiecutter.package_name }}.tasks.language_model.families import count_parameters

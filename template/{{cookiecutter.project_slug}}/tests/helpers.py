@@ -203,7 +203,7 @@ def free_port() -> int:
 
 def final_weights(out_dir: Path, max_steps: int) -> dict[str, torch.Tensor]:
     """The weights of a run's last checkpoint, which must be that of step max_steps."""
-    from {{ cookiecutter.package_name }}.checkpoint.io import consolidate
+    from {{ cookiecutter.package_name }}.checkpoint.load import consolidate
     from {{ cookiecutter.package_name }}.checkpoint.layout import find_latest
 
     latest = find_latest(out_dir / "checkpoints")

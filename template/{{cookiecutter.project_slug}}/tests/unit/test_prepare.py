@@ -253,6 +253,26 @@ def test_recipes_validate_checks_the_prepared_folder(tmp_path: Path, prepared: P
     assert "model.vocab_size=300 is smaller than the vocabulary" in refused.stderr
 
 
+def test_the_vocabulary_check_reads_the_folders_tokenizer_not_the_manifests_claim(
+    tmp_path: Path, prepared: Path
+) -> None:
+    import shutil
+
+    claimed = tmp_path / "claimed"
+    shutil.copytree(prepared, claimed)
+    manifest = json.loads((claimed / "manifest.json").read_text())
+    manifest["tokenizer"]["vocab_size"], manifest["max_token_id"] = 100, 99  # an edited manifest: "ids below 100"
+    (claimed / "manifest.json").write_text(json.dumps(manifest))
+    recipe = load_recipe(RECIPES / "cpu-debug.yaml")
+    recipe.data, recipe.model.vocab_size = DataConfig(source="prepared", path=str(claimed)), 256
+    (tmp_path / "small.yaml").write_text(dump_recipe(recipe))
+    refused = run_cli("recipes", "validate", str(tmp_path / "small.yaml"))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert (
+        "(300 tokens in its tokenizer.json, ids up to 99 in its shards): set model.vocab_size >= 300" in refused.stderr
+    )
+
+
 def test_a_record_without_the_text_field_midway_leaves_nothing_behind(tmp_path: Path) -> None:
     lines = [json.dumps({"text": "first"}), json.dumps({"text": "second"}), json.dumps({"body": "third"})]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")

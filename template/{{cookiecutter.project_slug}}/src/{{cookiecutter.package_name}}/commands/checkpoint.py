@@ -79,7 +79,7 @@ def list_checkpoint_folders(run: str) -> None:
 def inspect_checkpoint(name: str) -> None:
     """Print what a checkpoint holds."""
     path = resolve_checkpoint(name)
-    from {{ cookiecutter.package_name }}.checkpoint.io import load_full_state  # imports torch: once the path is checked
+    from {{ cookiecutter.package_name }}.checkpoint.load import load_full_state  # imports torch: once the path is checked
 
     meta = read_meta(path)
     state = load_full_state(path)
@@ -99,7 +99,7 @@ def inspect_checkpoint(name: str) -> None:
 def consolidate_checkpoint(name: str, output: str, force: bool = False) -> None:
     """Write a checkpoint's weights as one plain PyTorch file."""
     path = resolve_checkpoint(name)
-    from {{ cookiecutter.package_name }}.checkpoint.io import consolidate  # imports torch: once the path is checked
+    from {{ cookiecutter.package_name }}.checkpoint.load import consolidate  # imports torch: once the path is checked
 
     weights = consolidate(path, Path(output), force)
     print(f"Wrote {len(weights)} tensors ({sum(t.numel() for t in weights.values()):,} parameters) to {output}")

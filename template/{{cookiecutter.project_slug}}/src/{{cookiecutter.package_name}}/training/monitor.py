@@ -131,7 +131,7 @@ def upload_final_weights(loggers: list[Logger], checkpoints: Path) -> None:
     The artifact is named after the run (`model-<run id>`) and carries the step and the resolved recipe;
     offline runs keep it until `wandb sync`. Consolidating reads the whole model into host memory.
     """
-    from {{ cookiecutter.package_name }}.checkpoint.io import consolidate
+    from {{ cookiecutter.package_name }}.checkpoint.load import consolidate
     from {{ cookiecutter.package_name }}.checkpoint.layout import find_latest, read_meta
 
     latest = find_latest(checkpoints)

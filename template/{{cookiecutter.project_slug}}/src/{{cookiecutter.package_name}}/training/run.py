@@ -17,8 +17,8 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger
 
-from {{ cookiecutter.package_name }}.checkpoint.io import load_checkpoint, verified_resume
 from {{ cookiecutter.package_name }}.checkpoint.layout import check_free_space, checkpoint_root, read_meta, resolve_resume
+from {{ cookiecutter.package_name }}.checkpoint.load import load_checkpoint, verified_resume
 from {{ cookiecutter.package_name }}.checkpoint.lock import lock_out_dir, out_dir_in_use
 from {{ cookiecutter.package_name }}.cluster.launchers import check_launcher, start_processes
 from {{ cookiecutter.package_name }}.data.sampler import Batch, TrainBatches, validation_batches

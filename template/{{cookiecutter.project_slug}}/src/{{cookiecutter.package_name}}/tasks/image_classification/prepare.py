@@ -38,9 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import file_sha256
+from {{ cookiecutter.package_name }}.checkpoint.layout import file_sha256, new_partial
 from {{ cookiecutter.package_name }}.cluster.lifecycle import end_with_parent
-from {{ cookiecutter.package_name }}.checkpoint.layout import new_partial
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.image_classification.config import ImageDataConfig, ViTConfig
 

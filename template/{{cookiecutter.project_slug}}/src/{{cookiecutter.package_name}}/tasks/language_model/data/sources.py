@@ -10,7 +10,8 @@ import numpy as np
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.language_model.config import DataConfig, ModelConfig
-from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import ShardedTokens, open_prepared, read_manifest, verify
+from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import TOKENIZER, ShardedTokens, open_prepared, read_manifest, verify
+from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import load_tokenizer, vocab_size
 
 
 def make_demo_text(num_sentences: int = 6000, seed: int = 0) -> str:
@@ -105,11 +106,16 @@ def describe_prepared(config: DataConfig, model: ModelConfig) -> str:
 
 
 def _check_vocab_size(config: DataConfig, model: ModelConfig, manifest: dict[str, Any]) -> None:
-    vocab_size = manifest["tokenizer"]["vocab_size"]
-    if model.vocab_size < vocab_size:
+    """The model must hold every id of the folder's own tokenizer.json (read, not the manifest's claim) and the
+    largest id `prepare` wrote (counted while writing the shards, which their digests tie to)."""
+    vocabulary = vocab_size(load_tokenizer(Path(config.path or "") / TOKENIZER, "data.path"))
+    largest = int(manifest.get("max_token_id", -1))
+    needed = max(vocabulary, largest + 1)
+    if model.vocab_size < needed:
         raise RecipeError(
             f"model.vocab_size={model.vocab_size} is smaller than the vocabulary of data.path={config.path!r}"
-            f" ({vocab_size} tokens, manifest.json): set model.vocab_size >= {vocab_size}"
+            f" ({vocabulary} tokens in its {TOKENIZER}, ids up to {largest} in its shards): set model.vocab_size"
+            f" >= {needed}"
         )
 
 
