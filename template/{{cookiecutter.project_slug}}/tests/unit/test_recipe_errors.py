@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from helpers import RECIPES, fail_with
+from helpers import RECIPES
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.errors import RecipeError, run_command
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import DeepSpeedOptions, Fsdp2Options, Recipe, TrainConfig
 from {{ cookiecutter.package_name }}.recipe.typecheck import check_document, check_overrides
@@ -172,12 +172,32 @@ ON_THE_COMMAND_LINE: list[tuple[str, list[str], str]] = [
         f"{DEBUG}: --strategy.compile: expected bool, got no value",
     ),
     (
+        "appending to a value that is not a list",
+        ["--devices+", "2"],
+        f"{DEBUG}: unknown option '--devices+' (+ appends to a list; devices is not one)",
+    ),
+    (
         "a word that is not a flag",
         ["extra"],
         f"{DEBUG}: unexpected 'extra' (an override is --key value, as --train.max_steps 20)",
     ),
     ("a recipe flag without its file", ["--config"], f"{DEBUG}: --config: expected a recipe file, got no value"),
 ]
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The line with which `train` refuses argv (exit code 2, one line, no traceback); argv is only read, so a
+    recipe accepted by mistake fails the test rather than training."""
+
+    def read() -> None:
+        parse_recipe(argv, "train")
+
+    with pytest.raises(SystemExit) as exited:
+        run_command(read)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -190,7 +210,7 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_a_recipe_file_is_refused_in_these_words(
     text: str, line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert fail_with(["train", "--config", str(write(tmp_path, text))], capsys) == f"error: {line}"
+    assert refused(["--config", str(write(tmp_path, text))], capsys) == f"error: {line}"
 
 
 @pytest.mark.parametrize(
@@ -199,19 +219,20 @@ def test_a_recipe_file_is_refused_in_these_words(
 def test_a_command_line_override_is_refused_in_these_words(
     overrides: list[str], line: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert fail_with(["train", "--config", str(RECIPES / "cpu-debug.yaml"), *overrides], capsys) == f"error: {line}"
+    assert refused(["--config", str(RECIPES / "cpu-debug.yaml"), *overrides], capsys) == f"error: {line}"
 
 
 def test_a_missing_recipe_file_or_a_folder_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "nope.yaml"
-    line = fail_with(["train", "--config", str(missing)], capsys)
+    line = refused(["--config", str(missing)], capsys)
     assert line == f"error: recipe 'nope.yaml': file does not exist: '{missing}'"
-    line = fail_with(["train", "--config", str(tmp_path)], capsys)
+    line = refused(["--config", str(tmp_path)], capsys)
     assert line == f"error: recipe '{tmp_path.name}': '{tmp_path}' is a folder, not a recipe file"
 
 
 def test_values_the_schema_accepts_in_any_of_their_spellings(tmp_path: Path) -> None:
-    """Numbers in exponent form or quoted, YAML's yes, null for an optional, a list and a section written inline."""
+    """Numbers in exponent form or quoted, YAML's yes, null for an optional, a list and a section written inline,
+    an item appended to a list."""
     recipe_file = write(tmp_path, "devices: '2'\ntrain:\n  learning_rate: 1e-3\n")
     recipe = parse_recipe(
         [
@@ -225,6 +246,8 @@ def test_values_the_schema_accepts_in_any_of_their_spellings(tmp_path: Path) -> 
             "null",
             "--logger.tags",
             "[a, b]",
+            "--logger.tags+",
+            "c",
             "--eval",
             "{every_steps: 7}",
             "--out_dir",
@@ -233,7 +256,7 @@ def test_values_the_schema_accepts_in_any_of_their_spellings(tmp_path: Path) -> 
     )
     assert recipe.devices == 2 and recipe.train.learning_rate == 1e-3 and recipe.train.min_learning_rate == 1e-4
     assert recipe.checkpoint.async_save is True and recipe.checkpoint.resume is None
-    assert recipe.logger.tags == ["a", "b"] and recipe.eval.every_steps == 7 and recipe.out_dir == "5"
+    assert recipe.logger.tags == ["a", "b", "c"] and recipe.eval.every_steps == 7 and recipe.out_dir == "5"
 
 
 @dataclass
@@ -263,6 +286,11 @@ GROWN_CASES: list[tuple[str, dict | list[str], str]] = [
         "unknown key 'profile.step': did you mean 'profile.steps'? (allowed in profile: schedule, steps, wait_minutes)",
     ),
     ("a list item", ["--profile.steps", "[1, x]"], '--profile.steps: expected a list of int, got [1, "x"]'),
+    (
+        "an item appended to a list",
+        ["--profile.steps+", "x"],
+        "--profile.steps: expected a list of int or int, got 'x'",
+    ),
     (
         "an optional float",
         ["--profile.wait_minutes=soon"],

@@ -54,6 +54,7 @@ def check_overrides(argv: list[str], recipe_type: type) -> None:
     value of its type; raises RecipeError naming the first that does not.
 
     `--config FILE` and `--print_config` are jsonargparse's; a command line that asks for help is left to it whole.
+    `--key+ value` appends to a list, as jsonargparse does.
     """
     if any(word in HELP_WORDS or word.split("=")[0].endswith(".help") for word in argv):
         return
@@ -72,8 +73,13 @@ def check_overrides(argv: list[str], recipe_type: type) -> None:
             if given is None:
                 raise RecipeError(f"{FILE_OPTION}: expected a recipe file, got no value")
             continue
-        parts = flag[2:].split(".")
+        appends = flag.endswith("+") and len(flag) > 3  # `--logger.tags+ x`: jsonargparse appends x to the list
+        parts = flag[2:].removesuffix("+").split(".") if appends else flag[2:].split(".")
         annotation = _field_at(parts, recipe_type)
+        if appends:
+            if typing.get_origin(annotation) is not list:
+                raise RecipeError(f"unknown option '{flag}' (+ appends to a list; {'.'.join(parts)} is not one)")
+            annotation = annotation | typing.get_args(annotation)[0]  # one item, or a list of them
         if given is None:
             raise RecipeError(f"{flag}: expected {_describe(annotation)}, got no value")
         _check_value(given, annotation, parts, flag=True)
