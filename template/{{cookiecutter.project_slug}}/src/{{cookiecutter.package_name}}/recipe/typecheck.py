@@ -54,35 +54,14 @@ def check_overrides(argv: list[str], recipe_type: type) -> None:
     value of its type; raises RecipeError naming the first that does not.
 
     `--config FILE` and `--print_config` are jsonargparse's; a command line that asks for help is left to it whole.
-    `--key+ value` appends to a list, as jsonargparse does.
     """
     if any(word in HELP_WORDS or word.split("=")[0].endswith(".help") for word in argv):
         return
-    rest = list(argv)
-    while rest:
-        word, rest = rest[0], rest[1:]
-        if not word.startswith("--") or word == "--":
-            raise RecipeError(f"unexpected {word!r} (an override is --key value, as {EXAMPLE})")
-        flag, equals, value = word.partition("=")
-        given: str | None = value if equals else None
-        if not equals and rest and not _looks_like_an_option(rest[0]):
-            given, rest = rest[0], rest[1:]
-        if flag == PRINT_OPTION:
-            continue
-        if flag == FILE_OPTION:
-            if given is None:
-                raise RecipeError(f"{FILE_OPTION}: expected a recipe file, got no value")
-            continue
-        appends = flag.endswith("+") and len(flag) > 3  # `--logger.tags+ x`: jsonargparse appends x to the list
-        parts = flag[2:].removesuffix("+").split(".") if appends else flag[2:].split(".")
-        annotation = _field_at(parts, recipe_type)
-        if appends:
-            if typing.get_origin(annotation) is not list:
-                raise RecipeError(f"unknown option '{flag}' (+ appends to a list; {'.'.join(parts)} is not one)")
-            annotation = annotation | typing.get_args(annotation)[0]  # one item, or a list of them
-        if given is None:
-            raise RecipeError(f"{flag}: expected {_describe(annotation)}, got no value")
-        _check_value(given, annotation, parts, flag=True)
+    for flag, given in _flags(argv):
+        if flag == FILE_OPTION and given is None:
+            raise RecipeError(f"{FILE_OPTION}: expected a recipe file, got no value")
+        if flag not in (FILE_OPTION, PRINT_OPTION):
+            _check_override(flag, given, recipe_type)
 
 
 def load_value(text: str) -> Any:
@@ -93,7 +72,37 @@ def load_value(text: str) -> Any:
         return text
 
 
+def _flags(argv: list[str]) -> list[tuple[str, str | None]]:
+    """argv as (flag, its value or None) pairs, paired as argparse pairs them; refuses a word that is neither."""
+    pairs: list[tuple[str, str | None]] = []
+    rest = list(argv)
+    while rest:
+        word, rest = rest[0], rest[1:]
+        if not word.startswith("--") or word == "--":
+            raise RecipeError(f"unexpected {word!r} (an override is --key value, as {EXAMPLE})")
+        flag, equals, value = word.partition("=")
+        given: str | None = value if equals else None
+        if not equals and rest and not _looks_like_an_option(rest[0]):
+            given, rest = rest[0], rest[1:]
+        pairs.append((flag, given))
+    return pairs
+
+
+def _check_override(flag: str, given: str | None, recipe_type: type) -> None:
+    """One override: `--strategy.fsdp2.float8 true`, or `--logger.tags+ x` (jsonargparse appends x to the list)."""
+    parts = flag[2:].removesuffix("+").split(".")
+    annotation = _field_at(parts, recipe_type)
+    if flag.endswith("+"):
+        if typing.get_origin(annotation) is not list:
+            raise RecipeError(f"unknown option '{flag}' (+ appends to a list; {'.'.join(parts)} is not one)")
+        annotation = annotation | typing.get_args(annotation)[0]  # one item, or a list of them
+    if given is None:
+        raise RecipeError(f"{flag}: expected {_describe(annotation)}, got no value")
+    _check_value(given, annotation, parts, flag=True)
+
+
 def _check_section(data: dict[Any, Any], section: type, parts: list[str], flag: bool) -> None:
+    """Every key of `data` is a field of the dataclass `section` (at dotted path `parts`), every value of its type."""
     fields = _fields(section)
     for key, value in data.items():
         if key not in fields:
