@@ -26,7 +26,7 @@ RECIPE_ONLY: list[tuple[str, str | None, list[str], str]] = [
         "misspelt sibling key",
         "train:\n  max_step: 5\n",
         [],
-        "unknown key 'train.max_step' (allowed in train: max_steps",
+        "unknown key 'train.max_step': did you mean 'train.max_steps'? (allowed in train: max_steps",
     ),
     (
         "misspelt options key",
@@ -48,7 +48,12 @@ RECIPE_ONLY: list[tuple[str, str | None, list[str], str]] = [
     ("unknown precision", None, ["--precision", "fp8"], "precision: 'fp8' is not allowed (choose one of"),
     ("unknown accelerator", None, ["--accelerator", "tpu"], "accelerator: 'tpu' is not allowed"),
     ("unknown strategy", None, ["--strategy.name", "zero9"], "strategy.name='zero9' is not one of: ddp, fsdp2"),
-    ("ZeRO stage 4", None, ["--strategy.deepspeed.stage", "4"], "strategy.deepspeed.stage: '4' is not allowed"),
+    (
+        "ZeRO stage 4",
+        None,
+        ["--strategy.deepspeed.stage", "4"],
+        "--strategy.deepspeed.stage: 4 is not allowed (choose one of 1, 2, 3)",
+    ),
     ("options of another strategy", None, ["--strategy.deepspeed.stage", "3"], "strategy.deepspeed applies only to"),
     ("FSDP1 options on fsdp2", None, ["--strategy.fsdp.sharding", "HYBRID_SHARD"], "strategy.fsdp applies only to"),
     (

@@ -2,24 +2,24 @@
 
 The recipe's `task:` (from the overrides, else the file, else the default) selects the Recipe class:
 the machinery's sections (recipe/schema.py) plus the task's `model:` and `data:`. jsonargparse fills
-those dataclasses and rejects unknown keys and values of the wrong type; its multi-line errors are
-condensed here into one line that names the field.
+those dataclasses. Before it does, recipe/typecheck.py walks the files' data and the overrides through the
+schema, so an unknown key or a value of the wrong type is refused in the project's own words, one line
+that names the field and what is allowed, whatever jsonargparse's own messages say.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.checks import check_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.recipe.typecheck import check_document, check_overrides
 from {{ cookiecutter.package_name }}.strategies import strategy_class
 from {{ cookiecutter.package_name }}.tasks import task_class
 
@@ -41,19 +41,24 @@ def parse_recipe(argv: list[str], prog: str = "train") -> Recipe:
     """Parse and check a recipe; raises RecipeError with a one-line message."""
     source = _config_source(argv)
     files = _config_files(argv)
+    for path in files:
+        if path.is_dir():
+            raise RecipeError(f"{source}: '{path}' is a folder, not a recipe file")
+        if not path.is_file():
+            raise RecipeError(f"{source}: file does not exist: '{path}'")
     documents = [read_recipe_file(path, source) for path in files]
     try:
         recipe_type = task_class(_task_name(argv, documents)).recipe_type
+        for document in documents:
+            check_document(document or {}, recipe_type)
+        check_overrides(argv, recipe_type)
     except RecipeError as error:
         raise RecipeError(f"{source}: {error}") from None
-    for document in documents:
-        if document is not None:
-            _check_keys(document, recipe_type, "", source)
     parser = recipe_parser(prog, recipe_type)
     try:
         namespace = parser.parse_args(argv)
-    except Exception as error:  # jsonargparse raises ArgumentError; its text spans lines
-        raise RecipeError(_one_line(str(error), source, recipe_type)) from None
+    except ArgumentError as error:  # what the checks above let through and jsonargparse refused: its first line
+        raise RecipeError(f"{source}: {str(error).strip().splitlines()[0]}") from None
     values = parser.instantiate(namespace).as_dict()
     values.pop("config", None)
     recipe = recipe_type(**{f.name: values[f.name] for f in dataclasses.fields(recipe_type)})
@@ -122,15 +127,12 @@ def _task_name(argv: list[str], documents: list[dict[str, Any] | None]) -> str:
 
 
 def read_recipe_file(path: Path, source: str) -> dict[str, Any] | None:
-    """A recipe file's mapping (None when the file is missing: jsonargparse names it); refuses a file that is
-    not YAML, is empty or is not a mapping (its keys are checked against the task's schema by the caller).
-
-    Done here rather than left to jsonargparse, which accepts an unknown key whose value is an empty
-    mapping (`optimiser: {}`), says "Unexpected config" for an empty file or a list, and drops the line
-    and column of a YAML syntax error.
+    """A recipe file's mapping (None when there is no such file); refuses a file that is too big, not YAML, empty
+    or not a mapping, naming the line and column of a YAML syntax error. Its keys and values are checked
+    against the task's schema by the caller (recipe/typecheck.py).
     """
     if not path.is_file():
-        return None  # jsonargparse names the missing file
+        return None
     if path.stat().st_size > MAX_RECIPE_BYTES:
         raise RecipeError(f"{source}: {path.stat().st_size:,} bytes; a recipe is at most {MAX_RECIPE_BYTES:,}")
     try:
@@ -181,18 +183,6 @@ def _check_expansion(root: yaml.Node | None, source: str) -> None:
         )
 
 
-def _check_keys(data: dict[Any, Any], cls: Any, prefix: str, source: str) -> None:
-    """Every key of `data` is a field of the dataclass `cls` (recursively through sections)."""
-    types = typing.get_type_hints(cls)
-    for key, value in data.items():
-        if key not in types:
-            where = f" in {prefix.rstrip('.')}" if prefix else ""
-            raise RecipeError(f"{source}: unknown key '{prefix}{key}' (allowed{where}: {_fields_of(cls)})")
-        section = _dataclass_in(types[key])
-        if dataclasses.is_dataclass(section) and isinstance(value, dict):
-            _check_keys(value, section, f"{prefix}{key}.", source)
-
-
 def _config_source(argv: list[str]) -> str:
     """Name of the recipe file in argv, for error messages."""
     for index, arg in enumerate(argv):
@@ -201,79 +191,3 @@ def _config_source(argv: list[str]) -> str:
         if arg.startswith("--config="):
             return f"recipe {Path(arg.split('=', 1)[1]).name!r}"
     return "recipe"
-
-
-def _one_line(message: str, source: str, recipe_type: Any) -> str:
-    """Condense a jsonargparse error (often several lines) into one line that names the field."""
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()] or [message]
-    text = lines[0]
-    if key := re.match(r'Parser key "([^"]+)":\s*', text):
-        rest = text[key.end() :] or (lines[1] if len(lines) > 1 else "")
-        if key.group(1) == "config":  # the recipe file itself: missing or not YAML
-            return f"{source}: {rest[:1].lower()}{rest[1:]}"
-        if inner := _union_member_error(lines):  # an options section (`X | None`): its dataclass's own error
-            if unknown := re.match(r"Option '([^']+)' is not accepted", inner[0]):
-                group = key.group(1)
-                allowed = _fields_of(_group_class(group, recipe_type))
-                return f"{source}: unknown key '{group}.{unknown.group(1)}' (allowed in {group}: {allowed})"
-            if nested := re.match(r'Parser key "([^"]+)":\s*', inner[0]):
-                inner[0] = f'Parser key "{key.group(1)}.{nested.group(1)}": {inner[0][nested.end() :]}'
-                return _one_line("\n".join(inner), source, recipe_type)
-        detail = lines[1] if len(lines) > 1 else rest
-        if literal := re.search(r"Literal\[(.*)\]\. Got value: (.*)", detail):
-            detail = f"{literal.group(2)!r} is not allowed (choose one of {literal.group(1)})"
-        elif expected := re.search(r"Expected a <class '(\w+)'>\. Got value: (.*)", detail):
-            detail = f"expected {expected.group(1)}, got {expected.group(2)!r}"
-        return f"{source}: {key.group(1)}: {detail}"
-    if unrecognized := re.match(r"unrecognized arguments: --([\w.]+)", text):  # a misspelt or abbreviated flag
-        flag = unrecognized.group(1)
-        group, _, _ = flag.rpartition(".")
-        cls = _group_class(group, recipe_type) if group else recipe_type
-        if not dataclasses.is_dataclass(cls):
-            return f"{source}: unknown option '--{flag}' (no section {group!r}; sections and keys: {_fields_of(recipe_type)})"
-        where = f" in {group}" if group else ""
-        return (
-            f"{source}: unknown option '--{flag}' (allowed{where}: {_fields_of(cls)}; abbreviations are not accepted)"
-        )
-    if unknown := re.match(r"Option '([^']+)' is not accepted", text):
-        return f"{source}: unknown key {unknown.group(1)!r} (allowed: {_fields_of(recipe_type)})"
-    if nested := re.match(r"Group '([^']+)' does not accept option '([^']+)'", text):
-        group, option = nested.groups()
-        allowed = _fields_of(_group_class(group, recipe_type))
-        return f"{source}: unknown key '{group}.{option}' (allowed in {group}: {allowed})"
-    return f"{source}: {text}"
-
-
-def _union_member_error(lines: list[str]) -> list[str]:
-    """The error lines of the dataclass member of an `X | None` field that did not validate, or []."""
-    for index, line in enumerate(lines):
-        if line.startswith("- Problem with given class_path"):
-            inner = []
-            for following in lines[index + 1 :]:
-                if following.startswith("- "):
-                    break
-                inner.append(following)
-            return inner
-    return []
-
-
-def _group_class(group: str, recipe_type: Any) -> Any:
-    """The dataclass behind a dotted group name such as 'strategy'."""
-    cls: Any = recipe_type
-    for part in group.split("."):
-        if not dataclasses.is_dataclass(cls):
-            return None
-        cls = _dataclass_in(typing.get_type_hints(cls).get(part))
-    return cls
-
-
-def _fields_of(cls: Any) -> str:
-    return ", ".join(f.name for f in dataclasses.fields(cls))
-
-
-def _dataclass_in(annotation: Any) -> Any:
-    """The dataclass of a field's type (`StrategyConfig`, or the member of `DeepSpeedOptions | None`), else the type."""
-    for member in typing.get_args(annotation):
-        if dataclasses.is_dataclass(member):
-            return member
-    return annotation
