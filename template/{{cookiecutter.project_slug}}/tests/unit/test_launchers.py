@@ -157,7 +157,7 @@ def test_sbatch_script_reports_a_requeue_as_success_and_passes_failures_on(
     env.update(SLURM_JOB_NUM_NODES="4", SLURM_NTASKS_PER_NODE="8")
     result = subprocess.run(["bash", str(job), "--train.max_steps", "5"], env=env, capture_output=True, text=True)
     assert result.returncode == script_exit, result.stderr
-    assert ("job 7 requeued" in result.stdout) == (srun_exit == ExitCode.REQUEUE)
+    assert ("job 7 preempted; rank 0 requeued it" in result.stdout) == (srun_exit == ExitCode.REQUEUE)
     called = (tmp_path / "srun.txt").read_text().split()
     assert called[called.index("--num_nodes") :] == [
         "--num_nodes", "4", "--devices", "8", "--checkpoint.resume", "auto", "--train.max_steps", "5",

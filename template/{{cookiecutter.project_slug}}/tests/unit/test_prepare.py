@@ -269,7 +269,7 @@ def test_the_vocabulary_check_reads_the_folders_tokenizer_not_the_manifests_clai
     refused = run_cli("recipes", "validate", str(tmp_path / "small.yaml"))
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
     assert (
-        "(300 tokens in its tokenizer.json, ids up to 99 in its shards): set model.vocab_size >= 300" in refused.stderr
+        "(400 tokens in its tokenizer.json, ids up to 99 in its shards): set model.vocab_size >= 400" in refused.stderr
     )
 
 
