@@ -59,10 +59,10 @@ class Preemption:
     def _catch(self, signum: int, frame: FrameType | None) -> None:
         # Only a flag: saving from inside a handler could interrupt a collective halfway through.
         if self.received:
-            self._stop_now(f"a second signal ({signal.Signals(signum).name})")
+            self.stop_now(f"a second signal ({signal.Signals(signum).name})")
         self.received = signum
         why = f"no step boundary within {self.deadline_seconds:g} s of {signal.Signals(signum).name}"
-        self._watchdog = threading.Timer(self.deadline_seconds, self._stop_now, args=(why,))
+        self._watchdog = threading.Timer(self.deadline_seconds, self.stop_now, args=(why,))
         self._watchdog.daemon = True
         self._watchdog.start()
 
@@ -71,7 +71,7 @@ class Preemption:
         if self._watchdog is not None:
             self._watchdog.cancel()
 
-    def _stop_now(self, why: str) -> None:
+    def stop_now(self, why: str) -> None:
         """End this process at once, without saving: requeued like any preemption (rank 0 on SLURM), exit 75."""
         requeued = _requeue(f"{why}: exiting without saving", launched_rank(), "the newest checkpoint")
         print(f"stopped: {requeued}", file=sys.stderr, flush=True)

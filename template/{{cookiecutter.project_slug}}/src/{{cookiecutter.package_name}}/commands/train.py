@@ -27,6 +27,6 @@ def run(argv: list[str], prog: str) -> None:
     end_with_launcher()  # a rank started by another rank dies with it
     preemption = Preemption()  # first: a stop signal during start-up ends the run as a preemption, not as killed
     recipe = parse_recipe(argv, f"{prog} train")
-    from {{ cookiecutter.package_name }}.training.loop import train  # imports torch: only when training
+    from {{ cookiecutter.package_name }}.training.loop import train_to_the_end  # imports torch: only when training
 
-    train(recipe, preemption)
+    train_to_the_end(recipe, preemption)

@@ -8,6 +8,8 @@ TRAIN_FAULT=<kind>:<step>[:<signal>] where kind is
   signal-at-step      the last rank sends itself a signal after that step (default USR1, e.g.
                       `signal-at-step:5:TERM`), as SLURM does before a time limit
   nan-at-step         the last rank's loss becomes NaN in that step (its gradients too)
+  hang-at-step        the last rank never finishes that step (a hung data source, a stuck kernel): only the
+                      stop deadline (checkpoint.stop_deadline_seconds) or a second signal ends the run
 kill-* kill through the process group, so start such a job in a new session (setsid or
 `subprocess.Popen(..., start_new_session=True)`).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -25,7 +28,7 @@ import torch.distributed as dist
 ENV = "TRAIN_FAULT"
 # The loop's points and the faults injected at each.
 POINTS = {
-    "step-end": ("kill-at-step", "crash-once-at-step", "signal-at-step"),
+    "step-end": ("kill-at-step", "crash-once-at-step", "signal-at-step", "hang-at-step"),
     "in-save": ("kill-in-save",),
 }
 
@@ -55,6 +58,10 @@ def fault_point(where: str, step: int, out_dir: str | Path = ".") -> None:
             os.killpg(os.getpgid(0), signal.SIGKILL)
     elif rank == size - 1 and kind == "signal-at-step":
         os.kill(os.getpid(), signal.Signals[f"SIG{argument or 'USR1'}"])
+    elif rank == size - 1 and kind == "hang-at-step":
+        print(f"{ENV}: rank {rank} hangs after step {step}", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(1)
     elif rank == size - 1 and kind == "crash-once-at-step":
         marker = Path(out_dir) / "faults" / f"crash-once-at-step-{step}"
         if not marker.exists():

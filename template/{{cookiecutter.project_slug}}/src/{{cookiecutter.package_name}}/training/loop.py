@@ -9,6 +9,7 @@ the three places where strategies differ: no_backward_sync, clip_and_step and di
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 
@@ -17,9 +18,10 @@ from lightning.fabric import Fabric
 
 from {{ cookiecutter.package_name }}.checkpoint.io import Checkpointer
 from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_root
+from {{ cookiecutter.package_name }}.cluster.lifecycle import end_with_launcher
 from {{ cookiecutter.package_name }}.cluster.preemption import Preemption
 from {{ cookiecutter.package_name }}.data.sampler import Batch
-from {{ cookiecutter.package_name }}.errors import refuse_dashed_options, run_command
+from {{ cookiecutter.package_name }}.errors import RecipeError, TrainingStopped, refuse_dashed_options, run_command
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.tasks import Task
@@ -122,6 +124,19 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
         raise preemption.requeue(state["step"], decision.stop_signal, fabric.global_rank)
 
 
+def train_to_the_end(recipe: Recipe, preemption: Preemption) -> None:
+    """`train`, where a collective broken after a stop signal (a peer rank that ended at the stop deadline) ends
+    this rank the same way, exit 75, instead of with a traceback."""
+    try:
+        train(recipe, preemption)
+    except (RecipeError, TrainingStopped):  # refusals and planned stops (a preemption's save among them)
+        raise
+    except Exception as error:
+        if not preemption.received:
+            raise
+        preemption.stop_now(f"{signal.Signals(preemption.received).name}, then {type(error).__name__} (a rank stopped)")
+
+
 @torch.no_grad()
 def validate(fabric: Fabric, task: Task, model: torch.nn.Module, batches: list[Batch]) -> dict[str, float]:
     """The task's validation metrics over all ranks' batches (val/loss, and what else the task measures)."""
@@ -135,11 +150,13 @@ def validate(fabric: Fabric, task: Task, model: torch.nn.Module, batches: list[B
 
 def main(argv: list[str] | None = None) -> None:
     """Script entry point for launchers: `train.py --config recipe.yaml [--key.sub value ...]`."""
+    end_with_launcher()  # a rank started by another rank dies with it
+    preemption = Preemption()  # before anything else: a stop signal during start-up is a preemption
     arguments = sys.argv[1:] if argv is None else argv
 
     def parse_and_train() -> None:
         refuse_dashed_options(arguments)
-        train(parse_recipe(arguments, "train.py"))
+        train_to_the_end(parse_recipe(arguments, "train.py"), preemption)
 
     run_command(parse_and_train)
 
