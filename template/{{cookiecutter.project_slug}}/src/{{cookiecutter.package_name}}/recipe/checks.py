@@ -97,17 +97,19 @@ MAX_PROFILED_STEPS = 100
 
 
 def _check_profile(recipe: Recipe) -> None:
-    """profile.steps within the run's steps, profile.ranks within its processes."""
+    """profile.steps within the run's steps and not too many, profile.ranks within its processes."""
     profile, max_steps, world_size = recipe.profile, recipe.train.max_steps, recipe.world_size
-    if any(not 1 <= step <= max_steps for step in profile.steps):
-        raise RecipeError(f"profile.steps={profile.steps} must be steps from 1 to train.max_steps={max_steps}")
-    if len(set(profile.steps)) > MAX_PROFILED_STEPS:
+    steps = sorted(set(profile.steps))
+    if len(steps) > MAX_PROFILED_STEPS:
         raise RecipeError(
-            f"profile.steps names {len(set(profile.steps))} steps; at most {MAX_PROFILED_STEPS} (traces grow with each)"
+            f"profile.steps=[{steps[0]}, ..., {steps[-1]}] names {len(steps)} steps; at most {MAX_PROFILED_STEPS}"
+            " (each one adds to the traces)"
         )
-    if any(not 0 <= rank < world_size for rank in profile.ranks):
+    if outside := [step for step in steps if not 1 <= step <= max_steps]:
+        raise RecipeError(f"profile.steps={outside} must be steps from 1 to train.max_steps={max_steps}")
+    if outside := sorted({rank for rank in profile.ranks if not 0 <= rank < world_size}):
         raise RecipeError(
-            f"profile.ranks={profile.ranks} must be global ranks from 0 to {world_size - 1}"
+            f"profile.ranks={outside} must be global ranks from 0 to {world_size - 1}"
             f" (devices x num_nodes = {world_size}), or [] for every rank"
         )
 

@@ -61,6 +61,7 @@ class StepProfiler:
         self._profiler: Any = None
         self._range: tuple[int, int] | None = None
         self._step_marker: Any = None
+        self.written: list[Path] = []  # the folders of the ranges profiled in this process (by any rank)
         if self.ranges:
             ranks = ", ".join(map(str, config.ranks)) if config.ranks else "every rank"
             fabric.print(f"Profiling steps {describe(self.ranges)} on rank(s) {ranks}: traces under {self.root}/")
@@ -86,6 +87,7 @@ class StepProfiler:
             return
         if self._profiler is not None:
             self._write(*self._range)
+        self.written.append(self.root / f"steps-{self._range[0]}-{self._range[1]}")
         self._range = None
 
     def _start(self) -> None:
@@ -133,14 +135,15 @@ class StepProfiler:
         torch._C._cuda_attach_out_of_memory_observer(dump)  # type: ignore[attr-defined]  # CUDA builds only
 
     def log_traces(self, loggers: list[Logger]) -> None:
-        """Save the traces written under out_dir/profile with the W&B run's files (rank 0; other loggers: nothing)."""
+        """Save this run's traces with the W&B run's files (rank 0; other loggers: nothing)."""
         wandb_loggers: list[Any] = [logger for logger in loggers if type(logger).__name__ == "WandbLogger"]
         if not self.ranges or not wandb_loggers:
             return
         self.fabric.barrier()  # every rank has written its traces
         if self.fabric.global_rank != 0:
             return
-        traces = sorted(self.root.glob("steps-*/rank*.pt.trace.json"))  # other nodes' ranks: where out_dir is shared
+        # Every rank's traces where out_dir is shared (one node, or a shared file system); only rank 0's otherwise.
+        traces = sorted(path for folder in self.written for path in folder.glob("rank*.pt.trace.json"))
         for trace in traces:
             wandb_loggers[0].experiment.save(str(trace), base_path=str(self.root.parent), policy="now")
         if traces:
