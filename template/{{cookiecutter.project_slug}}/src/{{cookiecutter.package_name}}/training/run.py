@@ -21,6 +21,7 @@ from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_root, r
 from {{ cookiecutter.package_name }}.cluster.launchers import check_launcher, start_processes
 from {{ cookiecutter.package_name }}.data.sampler import Batch, TrainBatches, validation_batches
 from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.progress import working
 from {{ cookiecutter.package_name }}.recipe.checks import check_before_launch, check_hardware
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
@@ -138,7 +139,8 @@ def setup(recipe: Recipe) -> Run:
         "wandb_run_id": fabric.broadcast(run_id),  # rank 0's id: the one its logger writes to
     }
     if resume_from is not None:
-        load_checkpoint(fabric, resume_from, state, recipe)
+        with working(f"Loading {resume_from}", enabled=fabric.global_rank == 0):
+            load_checkpoint(fabric, resume_from, state, recipe)
         fabric.print(f"Resumed from {resume_from} at step {state['step']}")
     elif recipe.checkpoint.resume == "auto":
         fabric.print(f"No checkpoint under {checkpoint_root(recipe)}: starting from step 0")
