@@ -20,7 +20,7 @@ from {{ cookiecutter.package_name }}.training.stragglers import straggler_figure
     ("override", "field"),
     [
         (["--profile.steps", "[0]"], "profile.steps"),
-        (["--profile.steps", "[121]"], "profile.steps"),  # cpu-debug runs 120 steps
+        (["--train.max_steps", "10", "--profile.steps", "[11]"], "profile.steps"),
         (["--profile.steps", f"[{', '.join(map(str, range(1, 102)))}]"], "profile.steps"),
         (["--profile.ranks", "[2]"], "profile.ranks"),  # cpu-debug runs 2 processes
         (["--logger.straggler_margin", "-0.1"], "logger.straggler_margin"),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import re
 from pathlib import Path
 
@@ -36,10 +38,10 @@ def train_row(step: int, start: float = 1.7e9) -> dict[str, float]:
     }
 
 
-@pytest.fixture
-def resumed_run(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run killed after step 4 and resumed from its step-3 checkpoint, with a skipped update at step 2."""
-    run = tmp_path / "run"
+    run = tmp_path_factory.mktemp("report") / "run"
     first = [train_row(step) for step in range(1, 5)] + [{"step": 2, "train/skipped_updates": 1}]
     first.append({"step": 4, "val/loss": 4.7, "val/perplexity": 110.0})
     write_metrics(run / "csv" / "version_0" / "metrics.csv", first)
@@ -47,21 +49,28 @@ def resumed_run(tmp_path: Path) -> Path:
     return run
 
 
+@pytest.fixture(scope="module")
+def report_output(resumed_run: Path) -> str:
+    """What `report RUN --out RUN/elsewhere` printed (it writes the page and the PNGs there)."""
+    from {{ cookiecutter.package_name }}.cli import main
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        main(["report", str(resumed_run), "--out", str(resumed_run / "elsewhere")])
+    return printed.getvalue()
+
+
 def test_report_of_a_resumed_run_draws_both_segments_and_marks_the_restart_and_the_skipped_update(
-    resumed_run: Path, capsys: pytest.CaptureFixture[str]
+    resumed_run: Path, report_output: str
 ) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from {{ cookiecutter.package_name }}.cli import main
-
-    main(["report", str(resumed_run)])
-    page = resumed_run / "report" / "report.html"
-    assert f"Report: {page}" in capsys.readouterr().out
+    assert f"Report: {resumed_run / 'elsewhere' / 'report.html'}" in report_output
     for name in ("loss", "validation", "learning_rate", "grad_norm", "throughput", "memory", "data_wait"):
-        assert (resumed_run / "report" / f"{name}.png").stat().st_size > 1000, name
+        assert (resumed_run / "elsewhere" / f"{name}.png").stat().st_size > 1000, name
 
     segments = read_segments(resumed_run)
     assert [segment.steps for segment in segments] == [[1, 2, 3, 4], [4, 5, 6, 7, 8]]
@@ -78,10 +87,9 @@ def test_report_of_a_resumed_run_draws_both_segments_and_marks_the_restart_and_t
         plt.close(figure)
 
 
-def test_the_report_page_embeds_its_images_and_refers_to_nothing_outside_itself(resumed_run: Path) -> None:
-    from {{ cookiecutter.package_name }}.cli import main
-
-    main(["report", str(resumed_run), "--out", str(resumed_run / "elsewhere")])
+def test_the_report_page_embeds_its_images_and_refers_to_nothing_outside_itself(
+    resumed_run: Path, report_output: str
+) -> None:
     text = (resumed_run / "elsewhere" / "report.html").read_text()
     assert len(re.findall(r'<img alt="[^"]+" src="data:image/png;base64,[A-Za-z0-9+/=]+">', text)) >= 7
     sources = re.findall(r"""(?:src|href)\s*=\s*["']?([^"'\s>]+)""", text)
