@@ -93,7 +93,7 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
         step = state["step"]
         learning_rate = float(run.scheduler.get_last_lr()[0])
         monitor.step_end(step, loss_sum / accumulate, grad_norm, learning_rate, state["units_seen"], run.batches.epoch)
-        profiler.step_ends(step)
+        monitor.exclude(seconds=profiler.step_ends(step))  # writing a trace is not training time
 
         every_eval = recipe.eval.every_steps
         if every_eval and (step % every_eval == 0 or step == max_steps):

@@ -371,6 +371,10 @@ class Monitor:
         self.fabric.log_dict({"time/checkpoint_save_seconds": seconds}, step=step)
         self.progress.write(f"Saved checkpoint {path} in {seconds:.1f}s")
 
+    def exclude(self, seconds: float) -> None:
+        """Leave time spent on something other than training (writing a profiler trace) out of the figures."""
+        self._excluded_seconds += seconds
+
     def print(self, message: str) -> None:
         """Print on rank 0 without breaking the progress bar."""
         self.progress.write(message)

@@ -17,6 +17,7 @@ the process. Outside profiled steps the profiler is not running: a step costs on
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,17 +79,21 @@ class StepProfiler:
             self._step_marker = torch.profiler.record_function(f"step {step}")
             self._step_marker.__enter__()
 
-    def step_ends(self, step: int) -> None:
-        """After step `step` is logged: at the last step of a profiled range, stop and write the trace."""
+    def step_ends(self, step: int) -> float:
+        """After step `step` is logged: at the last step of a profiled range, stop and write the trace.
+
+        Returns the seconds spent writing (0 in other steps)."""
         if self._step_marker is not None:
             self._step_marker.__exit__(None, None, None)
             self._step_marker = None
         if self._range is None or step != self._range[1]:
-            return
+            return 0.0
+        started = time.perf_counter()
         if self._profiler is not None:
             self._write(*self._range)
         self.written.append(self.root / f"steps-{self._range[0]}-{self._range[1]}")
         self._range = None
+        return time.perf_counter() - started
 
     def _start(self) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
