@@ -34,6 +34,9 @@ for index in range(5):
   more_steps=400
 fi
 echo
+# The run's metrics drawn into one HTML file (matplotlib: the generated project's `report` extra, in setup's test group).
+"$VENV/bin/my-project" report runs/cpu-debug
+echo
 echo "Generated project:  $PWD"
 echo "Checkpoints:        $PWD/runs/cpu-debug/checkpoints/"
 for run in runs/cpu-debug/wandb/offline-run-*; do

@@ -32,8 +32,9 @@ WARMUP_STEPS = 5
 WORK_DIR = "LOOP_BENCH_DIR"  # chosen before a multi-process run launches its other processes, which inherit it
 
 
-def recipe_for(args: argparse.Namespace, compile_blocks: bool, out_dir: str) -> Any:
-    """The benchmark's recipe: cpu-debug at the benchmark's sizes, on `args.devices` processes."""
+def recipe_for(args: argparse.Namespace, compile_blocks: bool, out_dir: str, profile_steps: str = "[]") -> Any:
+    """The benchmark's recipe: cpu-debug at the benchmark's sizes, on `args.devices` processes; `profile_steps`: its
+    profile.steps."""
     from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 
     overrides = {
@@ -52,6 +53,7 @@ def recipe_for(args: argparse.Namespace, compile_blocks: bool, out_dir: str) -> 
         "checkpoint.resume": "null",
         "logger.name": "none",
         "logger.log_every_steps": args.log_every_steps,
+        "profile.steps": profile_steps,
     }
     argv = ["--config", str(RECIPE)]
     for key, value in overrides.items():
@@ -100,6 +102,15 @@ def project_loop(args: argparse.Namespace, compile_blocks: bool) -> tuple[float,
 
     with run_folder() as out_dir, step_clock(WARMUP_STEPS) as timing:
         train(recipe_for(args, compile_blocks, out_dir))
+    return timing["seconds_per_step"], timing["cpu_seconds_per_step"]
+
+
+def profiled_loop(args: argparse.Namespace, compile_blocks: bool) -> tuple[float, float]:
+    """The same as `project_loop` with profile.steps naming step 2: the timed steps are its other steps."""
+    from {{ cookiecutter.package_name }}.training.loop import train
+
+    with run_folder() as out_dir, step_clock(WARMUP_STEPS) as timing:
+        train(recipe_for(args, compile_blocks, out_dir, profile_steps="[2]"))
     return timing["seconds_per_step"], timing["cpu_seconds_per_step"]
 
 
@@ -216,7 +227,12 @@ def main() -> None:
     parser.add_argument("--json", required=True, help="File to write the timings to.")
     parser.add_argument("--quick", action="store_true", help="Tiny sizes: a run, not a measurement.")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--only", choices=("project", "all"), default="all")
+    parser.add_argument(
+        "--only",
+        choices=("project", "all", "profile"),
+        default="all",
+        help="project: its loop only; all: and the hand-written one; profile: and with profile.steps set",
+    )
     parser.add_argument("--compile", choices=("both", "eager", "compiled"), default="both")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
@@ -243,6 +259,8 @@ def main() -> None:
     loops: dict[str, Callable[[argparse.Namespace, bool], tuple[float, float]]] = {"project": project_loop}
     if args.only == "all":
         loops["handwritten"] = handwritten_loop
+    if args.only == "profile":
+        loops["profiled"] = profiled_loop
     modes = {"both": (False, True), "eager": (False,), "compiled": (True,)}[args.compile]
     variants = [(name, mode) for mode in modes for name in loops]
     seconds: dict[str, list[float]] = {f"{name}_{'compiled' if mode else 'eager'}": [] for name, mode in variants}

@@ -8,7 +8,7 @@ alternating (interleaved) repeats so that the machine's drift hits both alike; t
 median over repeats and the spread (min..max). The workers are the other files of this folder:
 
     loop.py           the project's loop against a hand-written loop, eager and compiled; host syncs per
-                      step; a run for the scaling figure
+                      step; a run for the scaling figure; the loop with profile.steps naming other steps
     state.py          training state per rank under fsdp2 against ddp (2 processes)
     checkpoint_io.py  sync save against the disk, async save's blocked time against a memory copy, load
     step_sync.py      one fused all_reduce per step against one collective per decision
@@ -48,6 +48,7 @@ FIGURES: list[tuple[str, str, tuple[str, float] | None]] = [
     ("loop_vs_handwritten_compiled_best", "the same, best run of each variant (least disturbed)", (">=", 0.98)),
     ("compile_gain_ratio_best", "the same, best run of each variant (least disturbed)", (">=", 0.98)),
     ("host_syncs_per_step", "host syncs per step outside logging steps (counted)", ("<=", 1)),
+    ("profile_other_steps_vs_off", "loop speed, profile.steps naming other steps / no profile", (">=", 0.98)),
     ("fsdp2_state_vs_ddp", "training state per rank, fsdp2 / ddp, 2 processes", ("<=", 0.52)),
     ("scaling_2x1_vs_1x1", "tokens/s, 2 processes x 1 thread / 1 x 1 (ideal 2)", None),
     ("fused_decide_vs_per_decision", "step time, one fused all_reduce / one per decision", ("<=", 1.0)),
@@ -131,6 +132,22 @@ def scaling_figure(quick: bool, repeats: int) -> dict[str, Any]:
         one, two = (times[d]["seconds_per_step"]["project_eager"][0] for d in (1, 2))
         ratios.append(2 * one / two)  # twice the tokens per step on two processes
     return summary(ratios)
+
+
+def profile_figure(quick: bool, repeats: int) -> dict[str, Any]:
+    """Step time without profiling over step time with profile.steps naming a step before the timed window."""
+    args = ["--only", "profile", "--compile", "eager", "--repeats", str(repeats), "--steps", "12" if quick else "25"]
+    result = run_worker("loop.py", *args, *(["--quick"] if quick else []))
+    figures = {}
+    for clock in ("seconds_per_step", "cpu_seconds_per_step"):
+        times = result[clock]
+        figures[clock] = [off / on for off, on in zip(times["project_eager"], times["profiled_eager"], strict=True)]
+    cpu_time = summary(figures["cpu_seconds_per_step"])  # less disturbed by other work on a shared machine
+    return {
+        **summary(figures["seconds_per_step"]),
+        "cpu_time": cpu_time,
+        "seconds_per_step": result["seconds_per_step"],
+    }
 
 
 def state_figure(quick: bool) -> dict[str, Any]:
@@ -257,6 +274,7 @@ def main() -> None:
     figures: dict[str, dict[str, Any]] = {}
     sections: list[tuple[str, Callable[[], Any]]] = [
         ("loop", lambda: figures.update(loop_figures(args.quick, repeats, args.loop_steps))),
+        ("profile", lambda: figures.update(profile_other_steps_vs_off=profile_figure(args.quick, repeats))),
         ("state", lambda: figures.update(fsdp2_state_vs_ddp=state_figure(args.quick))),
         ("scaling", lambda: figures.update(scaling_2x1_vs_1x1=scaling_figure(args.quick, repeats))),
         ("step sync", lambda: figures.update(fused_decide_vs_per_decision=step_sync_figure(args.quick, repeats))),

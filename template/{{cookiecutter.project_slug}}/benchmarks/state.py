@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from {{ cookiecutter.package_name }}.errors import exit_process
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
-from {{ cookiecutter.package_name }}.training.monitor import local_training_state_bytes
+from {{ cookiecutter.package_name }}.training.memory import local_training_state_bytes
 from {{ cookiecutter.package_name }}.training.run import setup
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "cpu-debug.yaml"

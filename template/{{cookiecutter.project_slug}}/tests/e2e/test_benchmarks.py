@@ -26,6 +26,7 @@ KEYS = {
     "startup_vs_import",
     "host_syncs_per_step",
     "fused_decide_vs_per_decision",
+    "profile_other_steps_vs_off",
 }
 
 

@@ -119,7 +119,7 @@ import json, sys
 from pathlib import Path
 import torch, torch.nn.functional as F
 from {package}.errors import exit_process
-from {package}.training.monitor import local_training_state_bytes
+from {package}.training.memory import local_training_state_bytes
 from {package}.recipe.load import parse_recipe
 from {package}.training.run import setup
 

@@ -265,7 +265,7 @@ def test_wandb_logs_through_lightnings_logger_without_a_version_warning(
     monkeypatch.delenv("WANDB_SILENT", raising=False)  # the warning must not be hidden, but absent
     recipe = tiny_recipe(tmp_path, name="wandb")
     loggers = build_loggers(recipe, run_id="abcd1234")
-    assert [type(logger) for logger in loggers] == [WandbLogger]
+    assert [type(logger) for logger in loggers] == [WandbLogger, CSVLogger]  # CSV: what `report` reads
     log_config(loggers, recipe)
     loggers[0].log_metrics({"train/loss": 2.0}, step=1)
     finish_loggers(loggers)

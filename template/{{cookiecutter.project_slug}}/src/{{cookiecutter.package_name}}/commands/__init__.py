@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "plan": "{{ cookiecutter.package_name }}.commands.plan",
     "slurm": "{{ cookiecutter.package_name }}.commands.slurm",
     "submit": "{{ cookiecutter.package_name }}.commands.submit",
+    "report": "{{ cookiecutter.package_name }}.commands.report",
 }
 
 

@@ -20,6 +20,7 @@ from {{ cookiecutter.package_name }}.checkpoint.layout import (
 )
 from {{ cookiecutter.package_name }}.commands import as_subcommand, choose_a_command, parse_arguments
 from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.progress import working
 from {{ cookiecutter.package_name }}.tasks import task_class
 
 PACKAGE = "{{ cookiecutter.package_name }}"
@@ -82,7 +83,8 @@ def inspect_checkpoint(name: str) -> None:
     from {{ cookiecutter.package_name }}.checkpoint.load import load_full_state  # imports torch: once the path is checked
 
     meta = read_meta(path)
-    state = load_full_state(path)
+    with working(f"Reading {path}"):
+        state = load_full_state(path)
     weights = state["model"]
     print(f"checkpoint   {path}")
     task = task_class(meta["task"]) if "task" in meta else None
@@ -101,7 +103,8 @@ def consolidate_checkpoint(name: str, output: str, force: bool = False) -> None:
     path = resolve_checkpoint(name)
     from {{ cookiecutter.package_name }}.checkpoint.load import consolidate  # imports torch: once the path is checked
 
-    weights = consolidate(path, Path(output), force)
+    with working(f"Consolidating {path}"):
+        weights = consolidate(path, Path(output), force)
     print(f"Wrote {len(weights)} tensors ({sum(t.numel() for t in weights.values()):,} parameters) to {output}")
     print(
         f"Load: model = task_for(load_recipe('{path / 'config.yaml'}')).build_model()  # {PACKAGE}.tasks, .recipe.load"

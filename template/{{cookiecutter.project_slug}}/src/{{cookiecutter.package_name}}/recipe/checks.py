@@ -73,6 +73,11 @@ def _check_values(recipe: Recipe) -> None:
         )
     if recipe.logger.peak_tflops is not None and not recipe.logger.peak_tflops > 0:
         raise RecipeError(f"logger.peak_tflops={recipe.logger.peak_tflops} must be > 0 (or null to use the GPU table)")
+    if not recipe.logger.straggler_margin >= 0:
+        raise RecipeError(
+            f"logger.straggler_margin={recipe.logger.straggler_margin} must be >= 0 (0.2: 20% over the median)"
+        )
+    _check_profile(recipe)
     if not recipe.train.learning_rate > 0:
         raise RecipeError(f"train.learning_rate={recipe.train.learning_rate} must be > 0")
     if recipe.train.min_learning_rate > recipe.train.learning_rate:
@@ -89,6 +94,28 @@ def _check_values(recipe: Recipe) -> None:
         )
     if recipe.checkpoint.resume is not None and not recipe.checkpoint.resume.strip():
         raise RecipeError("checkpoint.resume must be null, auto, or a checkpoint path")
+
+
+# More steps than this in one run make traces too large to open.
+MAX_PROFILED_STEPS = 100
+
+
+def _check_profile(recipe: Recipe) -> None:
+    """profile.steps within the run's steps and not too many, profile.ranks within its processes."""
+    profile, max_steps, world_size = recipe.profile, recipe.train.max_steps, recipe.world_size
+    steps = sorted(set(profile.steps))
+    if len(steps) > MAX_PROFILED_STEPS:
+        raise RecipeError(
+            f"profile.steps=[{steps[0]}, ..., {steps[-1]}] names {len(steps)} steps; at most {MAX_PROFILED_STEPS}"
+            " (each one adds to the traces)"
+        )
+    if outside := [step for step in steps if not 1 <= step <= max_steps]:
+        raise RecipeError(f"profile.steps={outside} must be steps from 1 to train.max_steps={max_steps}")
+    if outside := sorted({rank for rank in profile.ranks if not 0 <= rank < world_size}):
+        raise RecipeError(
+            f"profile.ranks={outside} must be global ranks from 0 to {world_size - 1}"
+            f" (devices x num_nodes = {world_size}), or [] for every rank"
+        )
 
 
 def check_strategy(recipe: Recipe) -> None:

@@ -207,6 +207,8 @@ class LoggerConfig:
         upload_final_weights: wandb only: when a run completes, log the final checkpoint's weights
             (consolidated into one file on rank 0) as a W&B model artifact of the run. Off by default:
             it uploads the whole model.
+        straggler_margin: Name the slowest rank in the log when its step time or data wait exceeds
+            the median over ranks by this fraction of the median step time (0.2: 20%).
     """
 
     name: Literal["wandb", "tensorboard", "csv", "none"] = "{{ cookiecutter.logger }}"
@@ -218,6 +220,32 @@ class LoggerConfig:
     log_every_steps: int = 10
     peak_tflops: float | None = None
     upload_final_weights: bool = False
+    straggler_margin: float = 0.2
+
+
+@dataclass
+class ProfileConfig:
+    """Profiler traces and memory snapshots of chosen steps; nothing is recorded outside them.
+
+    Args:
+        steps: Optimizer steps to profile (1 is the first step); consecutive steps share one trace.
+            Each profiled rank writes a Chrome trace (Perfetto, TensorBoard, chrome://tracing) to
+            <out_dir>/profile/steps-<first>-<last>/rank<r>.pt.trace.json; with logger.name=wandb the
+            traces are saved with the run's files too.
+        ranks: Global ranks that profile; empty profiles every rank.
+        memory: Record memory with the traces: the profiler's memory events (CPU and GPU); on GPUs
+            also the CUDA allocator's history, dumped as a snapshot beside the trace (open it at
+            pytorch.org/memory_viz).
+        with_stack: Record the Python stack of each operation (larger traces, more overhead).
+        snapshot_on_oom: GPUs only: record the CUDA allocator's history for the whole run and dump a
+            snapshot when a step runs out of memory (recording costs a little on every allocation).
+    """
+
+    steps: list[int] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=lambda: [0])
+    memory: bool = True
+    with_stack: bool = False
+    snapshot_on_oom: bool = False
 
 
 @dataclass
@@ -234,6 +262,7 @@ class Recipe:
             and data sections hold.
         model: The task's model section (tasks/<task>/config.py).
         data: The task's data section (tasks/<task>/config.py).
+        profile: Profiler traces and memory snapshots of chosen steps (off unless profile.steps is set).
     """
 
     accelerator: Literal["auto", "cpu", "cuda"] = "auto"
@@ -249,6 +278,7 @@ class Recipe:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
     @property
     def world_size(self) -> int:

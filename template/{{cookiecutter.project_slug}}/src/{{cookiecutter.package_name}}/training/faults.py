@@ -10,6 +10,8 @@ TRAIN_FAULT=<kind>:<step>[:<signal>] where kind is
   nan-at-step         the last rank's loss becomes NaN in that step (its gradients too)
   hang-at-step        the last rank never finishes that step (a hung data source, a stuck kernel): only the
                       stop deadline (checkpoint.stop_deadline_seconds) or a second signal ends the run
+  slow-rank           the last rank sleeps before the step's decision in that step and every later one (default
+                      1 second, e.g. `slow-rank:3:0.5`): a straggler
 kill-* kill through the process group, so start such a job in a new session (setsid or
 `subprocess.Popen(..., start_new_session=True)`).
 """
@@ -30,6 +32,7 @@ ENV = "TRAIN_FAULT"
 POINTS = {
     "step-end": ("kill-at-step", "crash-once-at-step", "signal-at-step", "hang-at-step"),
     "in-save": ("kill-in-save",),
+    "before-sync": ("slow-rank",),
 }
 
 
@@ -49,13 +52,15 @@ def _rank_and_size() -> tuple[int, int]:
 def fault_point(where: str, step: int, out_dir: str | Path = ".") -> None:
     """Inject the fault TRAIN_FAULT asks for if it belongs at this point of the loop and this step."""
     kind, at, argument = _wanted()
-    if at != step or kind not in POINTS[where]:
+    if at is None or kind not in POINTS[where] or (step < at if kind == "slow-rank" else step != at):
         return
     rank, size = _rank_and_size()
     if kind in ("kill-at-step", "kill-in-save"):
         # Rank 0 pulls the trigger once it has logged the step; the others wait for it in the next collective.
         if rank == 0:
             os.killpg(os.getpgid(0), signal.SIGKILL)
+    elif rank == size - 1 and kind == "slow-rank":
+        time.sleep(float(argument or 1))
     elif rank == size - 1 and kind == "signal-at-step":
         os.kill(os.getpid(), signal.Signals[f"SIG{argument or 'USR1'}"])
     elif rank == size - 1 and kind == "hang-at-step":

@@ -33,6 +33,7 @@ from {{ cookiecutter.package_name }}.training.monitor import (
     logger_location,
     upload_final_weights,
 )
+from {{ cookiecutter.package_name }}.training.profiling import StepProfiler
 from {{ cookiecutter.package_name }}.training.run import setup
 from {{ cookiecutter.package_name }}.training.step_decision import Update, decide, nonfinite_loss_stop
 
@@ -58,9 +59,11 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
         fabric, recipe, state["step"], run.batches.global_batch_size, task.unit, units_per_sample, task.flops_per_unit()
     )
     checkpointer = Checkpointer(fabric, recipe)
+    profiler = StepProfiler(fabric, recipe)  # only in the steps of profile.steps
     decision = None
     model.train()
     while state["step"] < max_steps:
+        profiler.step_begins(state["step"] + 1)
         loss_sum = torch.zeros((), device=fabric.device)
         for micro_step, batch in enumerate(monitor.timed(run.batches.iter_step())):
             batch = fabric.to_device(batch)
@@ -72,9 +75,11 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
             loss_sum += loss.detach()
         # One all_reduce for what every rank decides together: a NaN/inf loss on some rank (every rank skips
         # this update, or the run stops, as the recipe says), a stop signal, a time-based checkpoint.
-        decision = decide(
-            fabric, loss_sum, recipe.train.on_nonfinite_loss, preemption.received, checkpointer.time_is_up()
-        )
+        fault_point("before-sync", state["step"] + 1)  # only under TRAIN_FAULT (tests)
+        with monitor.rank_times.waiting_for_ranks():  # the rank that waits least here holds the others back
+            decision = decide(
+                fabric, loss_sum, recipe.train.on_nonfinite_loss, preemption.received, checkpointer.time_is_up()
+            )
         if decision.update is Update.STOP:
             break
         if decision.preempted:
@@ -93,6 +98,7 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
         step = state["step"]
         learning_rate = float(run.scheduler.get_last_lr()[0])
         monitor.step_end(step, loss_sum / accumulate, grad_norm, learning_rate, state["units_seen"], run.batches.epoch)
+        monitor.exclude(seconds=profiler.step_ends(step))  # writing a trace is not training time
 
         every_eval = recipe.eval.every_steps
         if every_eval and (step % every_eval == 0 or step == max_steps):
@@ -109,6 +115,7 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
 
     checkpointer.wait()
     monitor.close()
+    profiler.log_traces(fabric.loggers)
     stopped_early = decision is not None and (decision.update is Update.STOP or decision.preempted)
     fabric.print(
         f"{'Stopped' if stopped_early else 'Done'} at step {state['step']}. Checkpoints: {checkpoint_root(recipe)}"

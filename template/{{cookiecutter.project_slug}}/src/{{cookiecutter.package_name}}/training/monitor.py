@@ -8,8 +8,9 @@ terminal, one plain line per interval in a cluster log).
     throughput/<unit>s_per_second, .../<unit>s_per_second_per_device, .../samples_per_second,
         .../samples_per_second_per_device, .../flops_per_<unit>, .../tflops_per_second_per_device, .../mfu
     memory/peak_allocated_gib, memory/peak_reserved_gib (GPU), memory/host_peak_rss_gib (max over ranks)
-    time/step_seconds, time/data_wait_seconds (per step, max over ranks), time/data_wait_fraction,
+    time/step_seconds, time/data_wait_seconds (per step, max over ranks), time/data_wait_fraction, time/unix_time,
         time/checkpoint_save_seconds, time/validation_seconds
+    stragglers/... each rank's own step time and data wait, the slowest named (training/stragglers.py)
     val/<name> for each of the task's validation figures (val/loss, val/perplexity for a language model)
 
 <unit> is what the task counts (token, image, ...); the FLOP and MFU figures need the task's FLOPs per unit.
@@ -40,11 +41,8 @@ from {{ cookiecutter.package_name }}.planner.hardware import peak_tflops
 from {{ cookiecutter.package_name }}.recipe.checks import wandb_has_credentials
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-
-try:
-    import resource
-except ImportError:  # not on Windows: host memory is then not reported
-    resource = None  # type: ignore[assignment]
+from {{ cookiecutter.package_name }}.training.memory import memory_gib
+from {{ cookiecutter.package_name }}.training.stragglers import RankTimes
 
 Item = TypeVar("Item")
 
@@ -65,7 +63,7 @@ def new_run_id() -> str:
 
 
 def build_loggers(recipe: Recipe, run_id: str) -> list[Logger]:
-    """The experiment logger the recipe names; every rank builds it, only rank 0 writes.
+    """The experiment logger the recipe names, and CSV files beside it; every rank builds them, only rank 0 writes.
 
     `run_id` is the W&B run to write to: a resumed job passes the id saved in its checkpoint, so it
     appends to the run it continues (W&B's resume="allow").
@@ -92,14 +90,22 @@ def build_loggers(recipe: Recipe, run_id: str) -> list[Logger]:
                 id=run_id,
                 save_dir=str(out_dir),
                 mode="offline" if wandb_offline() else "online",
-            )
+            ),
+            csv_logger(recipe),
         ]
     if config.name == "tensorboard":
-        return [TensorBoardLogger(root_dir=out_dir / "tensorboard", name=config.run_name or "")]
+        return [TensorBoardLogger(root_dir=out_dir / "tensorboard", name=config.run_name or ""), csv_logger(recipe)]
     if config.name == "csv":
-        # Flush at every logging call so the metrics of a killed job survive it.
-        return [CSVLogger(root_dir=out_dir / "csv", name=config.run_name or "", flush_logs_every_n_steps=1)]
+        return [csv_logger(recipe)]
     return []
+
+
+def csv_logger(recipe: Recipe) -> CSVLogger:
+    """The CSV metrics every run keeps beside its experiment logger: what `report` reads, offline."""
+    # Flush at every logging call so the metrics of a killed job survive it.
+    return CSVLogger(
+        root_dir=Path(recipe.out_dir) / "csv", name=recipe.logger.run_name or "", flush_logs_every_n_steps=1
+    )
 
 
 def logger_location(recipe: Recipe, loggers: list[Logger]) -> str:
@@ -161,18 +167,6 @@ def finish_loggers(loggers: list[Logger]) -> None:
         import wandb
 
         wandb.finish()
-
-
-def memory_gib(device: torch.device) -> dict[str, float]:
-    """Peak GPU memory allocated and reserved by this process (GPU only) and its peak host RSS, in GiB."""
-    memory = {}
-    if device.type == "cuda":
-        memory["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-        memory["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
-    if resource is not None:  # ru_maxrss is KiB on Linux, bytes on macOS
-        scale = 1 if sys.platform == "darwin" else 1024
-        memory["memory/host_peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**30
-    return memory
 
 
 def progress_line(step: int, max_steps: int, metrics: dict[str, float], eta_seconds: float | None = None) -> str:
@@ -267,6 +261,7 @@ class Monitor:
         self.flops_per_unit = flops_per_unit
         self.progress = Progress(start_step, self.max_steps, enabled=fabric.global_rank == 0)
         self.peak = recipe.logger.peak_tflops
+        self.rank_times = RankTimes(fabric.device, recipe.logger.straggler_margin)
         if flops_per_unit is None:
             self.progress.write(f"MFU not reported: task={recipe.task} does not count its model's FLOPs")
         elif self.peak is None and fabric.device.type == "cuda":
@@ -282,6 +277,7 @@ class Monitor:
     def _start_window(self, step: int) -> None:
         self._window_start, self._window_first_step = time.perf_counter(), step
         self._excluded_seconds = self._data_wait_seconds = 0.0
+        self.rank_times.reset()
 
     def timed(self, batches: Iterable[Item]) -> Iterator[Item]:
         """Yield from `batches`, adding the time spent waiting for each item to the data-wait time."""
@@ -310,20 +306,19 @@ class Monitor:
             return
         steps = step - self._window_first_step
         seconds = max(time.perf_counter() - self._window_start - self._excluded_seconds, 1e-9)
-        # One collective for what is worst on any rank: memory and data wait (loss is averaged below).
+        # One collective for every rank's memory, data wait and own step time: the worst of each is logged, and
+        # the slowest rank named (training/stragglers.py); the loss is averaged below.
         local = {**memory_gib(self.fabric.device), "time/data_wait_seconds": self._data_wait_seconds / max(steps, 1)}
-        worst = cast(
-            torch.Tensor,
-            self.fabric.all_reduce(torch.tensor(list(local.values()), device=self.fabric.device), reduce_op="max"),
-        )
+        gathered, straggler = self.rank_times.gather(local, seconds, steps)
         metrics: dict[str, float] = {
             "train/loss": cast(torch.Tensor, self.fabric.all_reduce(loss.detach(), reduce_op="mean")).item(),
             "train/lr": learning_rate,
             f"train/{self.unit}s_seen": float(units_seen),
             "train/epoch": float(epoch),
             **self.throughput(steps, seconds),
-            **dict(zip(local, worst.tolist(), strict=True)),
+            **gathered,
             "time/step_seconds": seconds / max(steps, 1),
+            "time/unix_time": time.time(),  # the time axis of `report`
         }
         metrics["time/data_wait_fraction"] = metrics["time/data_wait_seconds"] / metrics["time/step_seconds"]
         if grad_norm is not None:  # a DTensor under FSDP2
@@ -332,6 +327,8 @@ class Monitor:
             )
         self.fabric.log_dict(metrics, step=step)
         self.progress.report(step, metrics, eta_seconds=metrics["time/step_seconds"] * (self.max_steps - step))
+        if straggler:
+            self.progress.write(f"step {step}/{self.max_steps} | {straggler}")
         self._start_window(step)
 
     def throughput(self, steps: int, seconds: float) -> dict[str, float]:
@@ -373,27 +370,16 @@ class Monitor:
         self.fabric.log_dict({"time/checkpoint_save_seconds": seconds}, step=step)
         self.progress.write(f"Saved checkpoint {path} in {seconds:.1f}s")
 
+    def exclude(self, seconds: float) -> None:
+        """Leave time spent on something other than training (writing a profiler trace) out of the figures."""
+        self._excluded_seconds += seconds
+
     def print(self, message: str) -> None:
         """Print on rank 0 without breaking the progress bar."""
         self.progress.write(message)
 
     def close(self) -> None:
-        """End the progress display."""
+        """Say each rank's peak memory as of the last logging step; end the progress display."""
+        for line in self.rank_times.memory_lines():
+            self.progress.write(line)
         self.progress.close()
-
-
-def local_training_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Bytes of parameters, gradients and optimizer state this process holds (its local shards)."""
-    from torch.distributed.tensor import DTensor
-
-    def size(tensor: torch.Tensor) -> int:
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-        return local.numel() * local.element_size()
-
-    params = list(model.parameters())
-    state = [value for values in optimizer.state.values() for value in values.values() if torch.is_tensor(value)]
-    return {
-        "parameters": sum(size(p) for p in params),
-        "gradients": sum(size(p.grad) for p in params if p.grad is not None),
-        "optimizer": sum(size(value) for value in state),
-    }

@@ -23,6 +23,7 @@ from {{ cookiecutter.package_name }}.checkpoint.lock import lock_out_dir, out_di
 from {{ cookiecutter.package_name }}.cluster.launchers import check_launcher, start_processes
 from {{ cookiecutter.package_name }}.data.sampler import Batch, TrainBatches, validation_batches
 from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError, TrainingStopped
+from {{ cookiecutter.package_name }}.progress import working
 from {{ cookiecutter.package_name }}.recipe.checks import check_before_launch, check_hardware
 from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
@@ -164,7 +165,8 @@ def setup(recipe: Recipe) -> Run:
     }
     if resume_from is not None:
         resume_from = verified_resume(fabric, resume_from, recipe)  # every rank hashes a share of the files
-        load_checkpoint(fabric, resume_from, state, recipe)
+        with working(f"Loading {resume_from}", enabled=fabric.global_rank == 0):
+            load_checkpoint(fabric, resume_from, state, recipe)
         fabric.print(f"Resumed from {resume_from} at step {state['step']}")
     elif recipe.checkpoint.resume == "auto":
         fabric.print(f"No checkpoint under {checkpoint_root(recipe)}: starting from step 0")

@@ -18,6 +18,7 @@ import torch
 from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_recipe, new_partial
 from {{ cookiecutter.package_name }}.checkpoint.tensors import checkpoint_tensor_reader, write_safetensors
 from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.progress import counted
 from {{ cookiecutter.package_name }}.tasks.image_classification.config import ViTConfig
 from {{ cookiecutter.package_name }}.tasks.image_classification.hf import (
     ARCHITECTURE,
@@ -54,7 +55,8 @@ def export_hf(path: Path, out_dir: Path, max_shard_bytes: int, labels: list[str]
         raise RecipeError(f"--max_shard_bytes={max_shard_bytes} must be >= 1")
     names, read = checkpoint_tensor_reader(path)
     partial = new_partial(out_dir)
-    written = write_safetensors(hf_weights(config, names, read), partial, max_shard_bytes)
+    weights = counted(hf_weights(config, names, read), f"Exporting {path}", len(hf_tensors(config)), "tensors")
+    written = write_safetensors(weights, partial, max_shard_bytes)
     (partial / CONFIG).write_text(json.dumps(hf_config(config, written["dtype"], labels), indent=2) + "\n")
     (partial / PREPROCESSOR_CONFIG).write_text(json.dumps(preprocessor_config(config), indent=2) + "\n")
     if out_dir.exists():

@@ -41,6 +41,7 @@ import numpy as np
 from {{ cookiecutter.package_name }}.checkpoint.layout import file_sha256, new_partial
 from {{ cookiecutter.package_name }}.cluster.lifecycle import end_with_parent
 from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.progress import counted
 from {{ cookiecutter.package_name }}.tasks.image_classification.config import ImageDataConfig, ViTConfig
 
 MANIFEST = "manifest.json"
@@ -328,7 +329,8 @@ def verify(folder: Path, manifest: dict[str, Any], checksums: bool = True, field
     """Refuse a folder whose files do not match its manifest: missing, another size, or (checksums) other bytes."""
     where = f"{field}={str(folder)!r}"
     image_bytes = manifest["image_size"] ** 2 * manifest["channels"]
-    for shard in (shard for split in SPLITS for shard in manifest["shards"][split]):
+    shards = [shard for split in SPLITS for shard in manifest["shards"][split]]
+    for shard in counted(shards, f"Verifying {folder}", total=len(shards), unit="shards") if checksums else shards:
         pixels = (shard["file"], image_bytes, shard["sha256"])
         for name, item_bytes, sha256 in (pixels, (shard["labels"], LABEL_DTYPE.itemsize, shard["labels_sha256"])):
             if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):

@@ -21,6 +21,7 @@ import torch
 from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_recipe, new_partial
 from {{ cookiecutter.package_name }}.checkpoint.tensors import DEFAULT_SHARD_BYTES, checkpoint_tensor_reader, write_safetensors
 from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.progress import counted
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import MANIFEST, TOKENIZER
 from {{ cookiecutter.package_name }}.tasks.language_model.hf import CONFIG, export_problem, hf_config, hf_tensors
@@ -68,7 +69,8 @@ def export_hf(path: Path, out_dir: Path, max_shard_bytes: int = DEFAULT_SHARD_BY
         raise RecipeError(f"--max_shard_bytes={max_shard_bytes} must be >= 1")
     names, read = checkpoint_tensor_reader(path)
     partial = new_partial(out_dir)
-    written = write_safetensors(hf_weights(recipe, names, read), partial, max_shard_bytes)
+    weights = counted(hf_weights(recipe, names, read), f"Exporting {path}", len(hf_tensors(recipe.model)), "tensors")
+    written = write_safetensors(weights, partial, max_shard_bytes)
     eos_id = copy_tokenizer(recipe, partial)
     config = hf_config(recipe.model, written["dtype"], eos_id)
     (partial / CONFIG).write_text(json.dumps(config, indent=2) + "\n")

@@ -22,6 +22,7 @@ import numpy as np
 
 from {{ cookiecutter.package_name }}.checkpoint.layout import file_sha256
 from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.progress import counted
 
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
@@ -159,7 +160,9 @@ def verify(folder: Path, manifest: dict[str, Any], checksums: bool = True, field
     itemsize = np.dtype(manifest["dtype"]).itemsize
     files = [(TOKENIZER, None, manifest["tokenizer"]["sha256"])]
     files += [(shard["file"], shard["tokens"] * itemsize, shard["sha256"]) for shard in manifest["shards"]]
-    for name, size, sha256 in files:
+    for name, size, sha256 in (
+        counted(files, f"Verifying {folder}", total=len(files), unit="files") if checksums else files
+    ):
         if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
             raise RecipeError(f"{where}: {MANIFEST} names {str(name)[:60]!r}, not a file in the folder (refused)")
         path = folder / name

@@ -1,0 +1,114 @@
+"""`report` draws a run's CSV metrics into one self-contained HTML file: segments per restart, marks, no links."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import re
+from pathlib import Path
+
+import pytest
+from helpers import fail_with, run_cli_without
+
+from {{ cookiecutter.package_name }}.commands.report import Segment, _draw, read_segments
+
+
+def write_metrics(path: Path, rows: list[dict[str, float]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = sorted({key for row in rows for key in row})
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def train_row(step: int, start: float = 1.7e9) -> dict[str, float]:
+    return {
+        "step": step,
+        "train/loss": 5.0 - step / 10,
+        "train/lr": 1e-3,
+        "train/grad_norm": 1.0,
+        "throughput/samples_per_second": 10.0,
+        "throughput/units_per_second": 640.0,
+        "memory/host_peak_rss_gib": 0.5,
+        "time/step_seconds": 0.2,
+        "time/data_wait_seconds": 0.01,
+        "time/unix_time": start + step,
+    }
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run killed after step 4 and resumed from its step-3 checkpoint, with a skipped update at step 2."""
+    run = tmp_path_factory.mktemp("report") / "run"
+    first = [train_row(step) for step in range(1, 5)] + [{"step": 2, "train/skipped_updates": 1}]
+    first.append({"step": 4, "val/loss": 4.7, "val/perplexity": 110.0})
+    write_metrics(run / "csv" / "version_0" / "metrics.csv", first)
+    write_metrics(run / "csv" / "version_1" / "metrics.csv", [train_row(step, 1.7e9 + 60) for step in range(4, 9)])
+    return run
+
+
+@pytest.fixture(scope="module")
+def report_output(resumed_run: Path) -> str:
+    """What `report RUN --out RUN/elsewhere` printed (it writes the page and the PNGs there)."""
+    from {{ cookiecutter.package_name }}.cli import main
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        main(["report", str(resumed_run), "--out", str(resumed_run / "elsewhere")])
+    return printed.getvalue()
+
+
+def test_report_of_a_resumed_run_draws_both_segments_and_marks_the_restart_and_the_skipped_update(
+    resumed_run: Path, report_output: str
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    assert f"Report: {resumed_run / 'elsewhere' / 'report.html'}" in report_output
+    for name in ("loss", "validation", "learning_rate", "grad_norm", "throughput", "memory", "data_wait"):
+        assert (resumed_run / "elsewhere" / f"{name}.png").stat().st_size > 1000, name
+
+    segments = read_segments(resumed_run)
+    assert [segment.steps for segment in segments] == [[1, 2, 3, 4], [4, 5, 6, 7, 8]]
+    assert segments[0].skipped_steps == [2]
+    for time_unit in (0.0, 1.0):  # against the step, and against time
+        figure, axis = plt.subplots()
+        _draw(axis, segments, ["train/loss"], start_time=1.7e9 + 1, time_unit=time_unit)
+        drawn = [line for line in axis.lines if len(line.get_xdata()) > 2]
+        assert [line.get_color() for line in drawn] == ["C0", "C1"]  # one curve per segment, each its colour
+        verticals = {(line.get_color(), line.get_linestyle(), line.get_xdata()[0]) for line in axis.lines}
+        restart = 4 if time_unit == 0 else 63.0  # its first step; its first logged time, from the run's start
+        assert ("grey", "--", restart) in verticals
+        assert ("red", ":", 2) in verticals or time_unit  # skipped updates: on the step axis
+        plt.close(figure)
+
+
+def test_the_report_page_embeds_its_images_and_refers_to_nothing_outside_itself(
+    resumed_run: Path, report_output: str
+) -> None:
+    text = (resumed_run / "elsewhere" / "report.html").read_text()
+    assert len(re.findall(r'<img alt="[^"]+" src="data:image/png;base64,[A-Za-z0-9+/=]+">', text)) >= 7
+    sources = re.findall(r"""(?:src|href)\s*=\s*["']?([^"'\s>]+)""", text)
+    assert sources and all(source.startswith("data:image/png;base64,") for source in sources)
+    outside = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", text)  # base64 may hold "//"
+    assert not re.search(r"https?:|//|url\(|@import|<script|<link|<iframe", outside)
+    assert "restart 1" in text and "<td>4-8</td>" in text and "<td>2</td>" in text  # the segments table
+
+
+def test_report_refuses_a_folder_without_metrics_and_a_missing_plotting_library(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "is not a folder" in fail_with(["report", str(tmp_path / "missing")], capsys)
+    assert "no CSV metrics under" in fail_with(["report", str(tmp_path)], capsys)
+    result = run_cli_without(("matplotlib",), "report", str(tmp_path))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip() == 'error: report needs matplotlib: pip install "{{ cookiecutter.project_slug }}[report]"'
+
+
+def test_segment_steps_are_the_steps_of_any_metric() -> None:
+    segment = Segment("version_0", {"a": [(1, 0.0, 0.0), (3, 0.0, 0.0)], "b": [(2, 1.0, 0.0)]})
+    assert segment.steps == [1, 2, 3]
