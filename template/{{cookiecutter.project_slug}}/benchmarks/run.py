@@ -181,7 +181,10 @@ def step_sync_figure(quick: bool, repeats: int) -> dict[str, Any]:
 
 def training_default_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any]]:
     """AdamW's kernel against torch's default; selective activation checkpointing against full and none."""
-    result = run_worker("training_defaults.py", "--repeats", str(max(2, repeats)), *(["--quick"] if quick else []))
+    # One thread: a kernel of many small parallel regions (torch's default AdamW on CPU) slows down many times
+    # over when a shared machine deschedules one of its threads, which would exaggerate the figure.
+    arguments = ["--repeats", str(max(2, repeats)), *(["--quick"] if quick else [])]
+    result = run_worker("training_defaults.py", *arguments, threads=1)
     adamw, steps = result["adamw_seconds_per_step"], result["seconds_per_step"]
     held = result["bytes_held_for_backward"]
 

@@ -118,6 +118,16 @@ def checkpointing_figures(base: torch.nn.Module, tokens: torch.Tensor, steps: in
     return {"seconds_per_step": seconds, "bytes_held_for_backward": held}
 
 
+def gpt(layers: int, width: int, sequence: int) -> Any:
+    """The project's GPT (with GPT-2's biases, as cpu-debug) of this size."""
+    config = ModelConfig(n_layer=layers, n_embd=width, n_head=max(1, width // 64), block_size=sequence, bias=True)
+    return build_model(config)
+
+
+def parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", required=True, help="Write the measurements to this file.")
@@ -125,21 +135,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="Tiny sizes: a run, not a measurement.")
     args = parser.parse_args()
     torch.manual_seed(0)
-    layers, width, sequence, batch, steps = (2, 64, 32, 2, 2) if args.quick else (6, 384, 256, 8, 5)
-    config = ModelConfig(n_layer=layers, n_embd=width, n_head=max(1, width // 64), block_size=sequence, bias=True)
-    model = build_model(config)
-    parameters = sum(p.numel() for p in model.parameters())
-    adamw = adamw_seconds(copy.deepcopy(model), steps=steps * 2, repeats=args.repeats)
-    tokens = torch.randint(0, config.vocab_size, (batch, sequence + 1))
+    # AdamW over a 6 x 384 GPT (11 M parameters); checkpointing on a 4 x 256 GPT, 4 sequences of 256 tokens.
+    adamw_size, checkpointing_size = ((2, 64, 32), (2, 64, 32)) if args.quick else ((6, 384, 256), (4, 256, 256))
+    batch, steps = (2, 2) if args.quick else (4, 4)
+    adamw_model = gpt(*adamw_size)
+    adamw = adamw_seconds(adamw_model, steps=steps * 2, repeats=args.repeats)
+    model = gpt(*checkpointing_size)
+    tokens = torch.randint(0, model.config.vocab_size, (batch, checkpointing_size[2] + 1))
     checkpointing = checkpointing_figures(model, tokens, steps=max(1, steps // 2), repeats=args.repeats)
+    sizes = {"adamw": adamw_size, "checkpointing": checkpointing_size}
     result = {
-        "model": {
-            "n_layer": layers,
-            "n_embd": width,
-            "block_size": sequence,
-            "micro_batch": batch,
-            "parameters": parameters,
+        "models": {
+            name: {"n_layer": size[0], "n_embd": size[1], "block_size": size[2], "parameters": parameters(gpt(*size))}
+            for name, size in sizes.items()
         },
+        "micro_batch": batch,
         "adamw_seconds_per_step": adamw,
         **checkpointing,
     }
