@@ -29,6 +29,8 @@ COLLECTIVES = {
     torch.ops._c10d_functional.reduce_scatter_tensor.default,
     torch.ops._c10d_functional.all_gather_into_tensor.default,
 }
+# Kept as torchtitan keeps them: a whole-tensor max is float8 training's scale (amax), cheap to keep.
+OTHERS_KEPT = {torch.ops.aten.max.default}
 
 
 def checkpoint_block(block: Any, policy: str) -> Any:
@@ -51,7 +53,7 @@ def selective_contexts() -> tuple[Any, Any]:
             # Every other one: the same matmuls in forward and in recompute, since both count from the first.
             keep = matmuls_seen[context.is_recompute] % 2 == 1
         else:
-            keep = op in ATTENTION or op in COLLECTIVES
+            keep = op in ATTENTION or op in COLLECTIVES or op in OTHERS_KEPT
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
     return create_selective_checkpoint_contexts(policy)

@@ -30,8 +30,9 @@ def adamw_kernel(parameters: Sequence[torch.Tensor]) -> dict[str, bool]:
 
     The fused kernel updates every parameter in one pass per tensor instead of a chain of elementwise ops:
     on CUDA it is the fastest (torch's own default there is foreach), and on CPU, where torch's default is one
-    tensor at a time, foreach is slower still (benchmarks/run.py: adamw_fused_vs_previous_default). It steps
-    DTensor parameters (fsdp2, tensor parallel) as well, and takes the gradient scaler's inputs (16-mixed).
+    tensor at a time, foreach is slower still (benchmarks/run.py: adamw_vs_previous_default). It steps DTensor
+    parameters (fsdp2, tensor parallel) and DeepSpeed ZeRO's flat partitions as well (the tests run both on CPU),
+    and takes the gradient scaler's inputs (16-mixed). No strategy here needs the foreach fallback.
     """
     devices = {p.device.type for p in parameters}
     if devices and devices <= FUSED_ADAMW_DEVICES:
