@@ -22,6 +22,15 @@ echo
 if [ "$TASK" = language_model ]; then
   echo "What the model writes after \"The old sailor\" (greedy, from the newest checkpoint):"
   "$VENV/bin/my-project" sample runs/cpu-debug --prompt "The old sailor" --max_new_tokens 80 --temperature 0
+  echo
+  echo "The same checkpoint exported for transformers (GPT2LMHeadModel in hf-out/), greedy from the same prompt:"
+  "$VENV/bin/my-project" export runs/cpu-debug hf-out
+  "$VENV/bin/python" -c "
+import torch, transformers
+model = transformers.AutoModelForCausalLM.from_pretrained('hf-out')
+ids = torch.tensor([list(b'The old sailor')])
+out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=80, do_sample=False, pad_token_id=0)
+print(bytes(out[0].tolist()).decode('utf-8', errors='replace'))"
   more_steps=160
 else
   echo "Its top classes for five digits saved as PNG files (a 0, 1, 2, 3 and 4):"
@@ -39,6 +48,7 @@ echo
 echo
 echo "Generated project:  $PWD"
 echo "Checkpoints:        $PWD/runs/cpu-debug/checkpoints/"
+[ -d hf-out ] && echo "Hugging Face model: $PWD/hf-out  (transformers.AutoModelForCausalLM.from_pretrained)"
 for run in runs/cpu-debug/wandb/offline-run-*; do
   [ -e "$run" ] && echo "W&B offline run:    $PWD/$run  (upload later with: wandb sync $run)"
 done

@@ -12,6 +12,8 @@ median over repeats and the spread (min..max). The workers are the other files o
     state.py          training state per rank under fsdp2 against ddp (2 processes)
     checkpoint_io.py  sync save against the disk, async save's blocked time against a memory copy, load
     step_sync.py      one fused all_reduce per step against one collective per decision
+    training_defaults.py  AdamW's fused kernel against torch's default; selective activation checkpointing
+                      against full and none (time, and the bytes held for backward)
 The start-up figure (command to first optimizer step against `import torch, lightning`) is measured here.
 """
 
@@ -58,6 +60,13 @@ FIGURES: list[tuple[str, str, tuple[str, float] | None]] = [
     ("async_blocked_vs_sync", "async save: loop blocked / a sync save", None),
     ("load_vs_save", "load time / sync save time", None),
     ("startup_vs_import", "command to first optimizer step / import torch, lightning", ("<=", 1.5)),
+    ("adamw_vs_previous_default", "AdamW step time, the project's (fused) / torch's default AdamW", ("<=", 1.0)),
+    ("adamw_foreach_vs_previous_default", "AdamW step time, foreach / torch's default AdamW", None),
+    ("selective_ac_held_vs_none", "bytes held for backward, selective checkpointing / none", ("<=", 1.0)),
+    ("full_ac_held_vs_none", "bytes held for backward, full checkpointing / none", None),
+    ("selective_ac_step_vs_full", "forward+backward time, selective checkpointing / full", ("<=", 1.0)),
+    ("selective_ac_step_vs_none", "forward+backward time, selective checkpointing / none", None),
+    ("full_ac_step_vs_none", "forward+backward time, full checkpointing / none", None),
 ]
 
 
@@ -187,6 +196,30 @@ def step_sync_figure(quick: bool, repeats: int) -> dict[str, Any]:
     return summary([row["fused"] / row["per_decision"] for row in rounds])
 
 
+def training_default_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any]]:
+    """AdamW's kernel against torch's default; selective activation checkpointing against full and none."""
+    # One thread: a kernel of many small parallel regions (torch's default AdamW on CPU) slows down many times
+    # over when a shared machine deschedules one of its threads, which would exaggerate the figure.
+    arguments = ["--repeats", str(max(2, repeats)), *(["--quick"] if quick else [])]
+    result = run_worker("training_defaults.py", *arguments, threads=1)
+    adamw, steps = result["adamw_seconds_per_step"], result["seconds_per_step"]
+    held = result["bytes_held_for_backward"]
+
+    def per_repeat(numerator: list[float], denominator: list[float]) -> dict[str, Any]:
+        return summary([n / d for n, d in zip(numerator, denominator, strict=True)])
+
+    return {
+        "adamw_vs_previous_default": per_repeat(adamw["project"], adamw["torch_default"]),
+        "adamw_foreach_vs_previous_default": per_repeat(adamw["foreach"], adamw["torch_default"]),
+        "selective_ac_held_vs_none": summary([held["selective"] / held["none"]]),  # counted: one value
+        "full_ac_held_vs_none": summary([held["full"] / held["none"]]),
+        "selective_ac_step_vs_full": per_repeat(steps["selective"], steps["full"]),
+        "selective_ac_step_vs_none": per_repeat(steps["selective"], steps["none"]),
+        "full_ac_step_vs_none": per_repeat(steps["full"], steps["none"]),
+        "training_defaults": result,
+    }
+
+
 def first_step_probe(argv: list[str]) -> None:
     """Run the command line `argv`; at the end of the first optimizer step print the time and exit."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -280,6 +313,7 @@ def main() -> None:
         ("step sync", lambda: figures.update(fused_decide_vs_per_decision=step_sync_figure(args.quick, repeats))),
         ("checkpoint", lambda: figures.update(checkpoint_figures(args.quick, repeats))),
         ("start-up", lambda: figures.update(startup_vs_import=startup_figure(args.quick, repeats))),
+        ("training defaults", lambda: figures.update(training_default_figures(args.quick, repeats))),
     ]
     seconds = {}
     for name, measure in sections:

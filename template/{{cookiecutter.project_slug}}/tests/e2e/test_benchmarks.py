@@ -27,6 +27,9 @@ KEYS = {
     "host_syncs_per_step",
     "fused_decide_vs_per_decision",
     "profile_other_steps_vs_off",
+    "adamw_vs_previous_default",
+    "selective_ac_held_vs_none",
+    "selective_ac_step_vs_full",
 }
 
 
@@ -54,6 +57,8 @@ def test_run_quick_prints_one_table_and_writes_every_ratio_with_its_spread(tmp_p
     assert report["host_syncs_per_step"]["max"] <= 1, report["host_syncs_per_step"]
     # FSDP2 on 2 processes holds about half of ddp's parameters, gradients and optimizer state per rank.
     assert report["fsdp2_state_vs_ddp"]["median"] <= 0.52, report["fsdp2_state_vs_ddp"]
+    # Counted: selective checkpointing holds less for backward than none, and more than full checkpointing.
+    assert report["full_ac_held_vs_none"]["median"] < report["selective_ac_held_vs_none"]["median"] < 1, report
 
 
 def test_step_sync_benchmark_compares_the_fused_all_reduce_with_one_collective_per_decision() -> None:

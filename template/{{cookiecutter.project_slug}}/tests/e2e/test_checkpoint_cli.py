@@ -11,6 +11,7 @@ import torch
 import yaml
 from helpers import read_csv_metrics, run_cli, train_args
 
+from {{ cookiecutter.package_name }}.checkpoint.tensors import load_model
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
 from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt.model import GPT
@@ -59,6 +60,20 @@ def test_list_inspect_and_consolidate(run_dir: Path, tmp_path: Path, capsys: pyt
     model = GPT(config)
     model.load_state_dict(torch.load(output, weights_only=True))  # strict: every tensor present, nothing extra
     assert model(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, config.vocab_size)
+
+
+@pytest.mark.slow
+def test_the_demo_recipes_sharded_checkpoint_exports_to_transformers_with_the_same_logits(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    transformers = pytest.importorskip("transformers")  # a test dependency (Python 3.11+)
+    newest = run_dir / "checkpoints" / "step-00000012"  # cpu-debug as it is (fsdp2, GPT-2's layout), tests' sizes
+    main(["export", str(run_dir), str(tmp_path / "hf")])  # a run: its newest checkpoint
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    model, _ = load_model(newest)
+    tokens = torch.randint(0, 256, (2, model.config.block_size))
+    with torch.no_grad():
+        torch.testing.assert_close(reference(tokens).logits, model(tokens), atol=1e-5, rtol=0)
 
 
 @pytest.mark.slow

@@ -55,7 +55,10 @@ LAYOUTS: dict[str, tuple[list[str], int]] = {
         ],
         1,
     ),
-    "ddp_checkpointing": (["--strategy.name", "ddp", "--strategy.activation_checkpointing", "true"], 1),
+    "fsdp2_selective_checkpointing": (
+        ["--strategy.activation_checkpointing", "true", "--strategy.activation_checkpointing_policy", "selective"],
+        1,
+    ),
     "fsdp2_meta_init": (["--strategy.meta_init", "true"], 1),
 }
 
@@ -99,11 +102,15 @@ def test_fsdp2_with_tensor_parallel_resumes_to_the_losses_of_an_uninterrupted_ru
     assert_same_losses(train_losses(tmp_path), expected, tolerance=1e-5)
 
 
-def test_activation_checkpointing_and_compile_do_not_change_the_losses(trained: Callable[[str], Path]) -> None:
+def test_full_and_selective_activation_checkpointing_and_compile_do_not_change_the_losses(
+    trained: Callable[[str], Path],
+) -> None:
     assert_same_losses(
         train_losses(trained("fsdp2_checkpointing_compile")), train_losses(trained("fsdp2")), tolerance=1e-4
     )
-    assert_same_losses(train_losses(trained("ddp_checkpointing")), train_losses(trained("ddp")), tolerance=1e-4)
+    assert_same_losses(
+        train_losses(trained("fsdp2_selective_checkpointing")), train_losses(trained("fsdp2")), tolerance=1e-4
+    )
 
 
 def test_meta_device_init_materialises_a_sharded_model_that_learns(trained: Callable[[str], Path]) -> None:

@@ -150,7 +150,7 @@ def test_a_cpu_recipe_speaks_of_cpu_processes_and_a_tiny_model_of_readable_units
     main(["plan", "cpu-debug"])
     out = capsys.readouterr().out
     assert "GPU(s)" not in out and "2 CPU process(es)" in out
-    assert "0.00 B" not in out and "869.50 K parameters" in out and "MiB (2^20 bytes)" in out
+    assert "0.00 B" not in out and "875.26 K parameters" in out and "MiB (2^20 bytes)" in out
     assert "recommended: ddp (from recipe cpu-debug)" in out
 
 

@@ -30,10 +30,13 @@ WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
 
 
 def load_model(path: Path) -> tuple[torch.nn.Module, Recipe]:
-    """The trained model of a checkpoint folder, in eval mode on CPU, and the recipe it was trained with."""
+    """The trained model of a checkpoint folder, in eval mode on CPU, and the recipe it was trained with.
+
+    Only the model's tensors are read (`model_tensors`): not the optimizer state, which is about twice their size.
+    """
     recipe = checkpoint_recipe(path)
     model = task_for(recipe).build_model()
-    weights = {_clean(key): value for key, value in load_full_state(path)["model"].items()}
+    weights = model_tensors(path)
     expected = model.state_dict()
     missing, unexpected = sorted(expected.keys() - weights.keys()), sorted(weights.keys() - expected.keys())
     wrong = sorted(name for name in expected.keys() & weights.keys() if expected[name].shape != weights[name].shape)
@@ -51,23 +54,30 @@ def load_model(path: Path) -> tuple[torch.nn.Module, Recipe]:
     return model.eval(), recipe
 
 
+def model_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The model's tensors of a checkpoint folder, and nothing else of it: a sharded checkpoint is asked for the
+    `model.*` entries only; a whole one is opened by memory map, so the optimizer state is never read from disk."""
+    layout = strategy_class(read_meta(path)["strategy"]).checkpoint_layout
+    state = path / "state"
+    if layout == "sharded":
+        metadata, keys = _sharded_model_entries(state)
+        tensors = {key: _empty_like_entry(metadata[key]) for key in keys.values()}
+        _load_sharded(state, tensors)
+        return {name: tensors[key] for name, key in keys.items()}
+    names, read = checkpoint_tensor_reader(path)
+    return {name: read(name) for name in names}
+
+
 def checkpoint_tensor_reader(path: Path) -> tuple[set[str], Callable[[str], torch.Tensor]]:
     """(the model's parameter names, a function reading one of them) of a checkpoint folder, without loading it all."""
     layout = strategy_class(read_meta(path)["strategy"]).checkpoint_layout
     state = path / "state"
     if layout == "sharded":
-        from torch.distributed.checkpoint import FileSystemReader, load
-
-        check_metadata(state)  # before torch's reader unpickles it
-        metadata = FileSystemReader(state).read_metadata().state_dict_metadata
-        keys = {_clean(key.removeprefix("model.")): key for key in metadata if key.startswith("model.")}
+        metadata, keys = _sharded_model_entries(state)
 
         def read_sharded(name: str) -> torch.Tensor:
-            entry: Any = metadata[keys[name]]
-            tensor = torch.empty(entry.size, dtype=entry.properties.dtype)
-            with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-                warnings.simplefilter("ignore", UserWarning)
-                load({keys[name]: tensor}, storage_reader=FileSystemReader(state), no_dist=True)
+            tensor = _empty_like_entry(metadata[keys[name]])
+            _load_sharded(state, {keys[name]: tensor})
             return tensor
 
         return set(keys), read_sharded
@@ -75,9 +85,31 @@ def checkpoint_tensor_reader(path: Path) -> tuple[set[str], Callable[[str], torc
         weights = {_clean(key): value for key, value in _memory_mapped(state)["model"].items()}
         return set(weights), weights.__getitem__
     raise RecipeError(
-        f"checkpoint {path}: saved by strategy {read_meta(path)['strategy']} in its own layout; export reads"
-        " whole (torch.save) and torch.distributed.checkpoint layouts"
+        f"checkpoint {path}: saved by strategy {read_meta(path)['strategy']} in its own layout; export, sample and"
+        " predict read whole (torch.save) and torch.distributed.checkpoint layouts"
     )
+
+
+def _sharded_model_entries(state: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """(torch.distributed.checkpoint's metadata of every entry, the model's parameter name -> its entry's key)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    check_metadata(state)  # before torch's reader unpickles it
+    metadata = FileSystemReader(state).read_metadata().state_dict_metadata
+    return metadata, {_clean(key.removeprefix("model.")): key for key in metadata if key.startswith("model.")}
+
+
+def _empty_like_entry(entry: Any) -> torch.Tensor:
+    return torch.empty(entry.size, dtype=entry.properties.dtype)
+
+
+def _load_sharded(state: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Fill `tensors` (checkpoint key -> a tensor of its shape) from a sharded checkpoint: only these are read."""
+    from torch.distributed.checkpoint import FileSystemReader, load
+
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        load(tensors, storage_reader=FileSystemReader(state), no_dist=True)
 
 
 def _memory_mapped(state: Path) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.precision import BF16_CAPABILITY, GPU_ONLY
-from {{ cookiecutter.package_name }}.recipe.schema import STRATEGY_SECTIONS, Recipe
+from {{ cookiecutter.package_name }}.recipe.schema import STRATEGY_SECTIONS, Recipe, TrainConfig
 from {{ cookiecutter.package_name }}.strategies import REGISTRY, strategy_class, strategy_for
 from {{ cookiecutter.package_name }}.tasks import task_for
 
@@ -85,6 +85,12 @@ def _check_values(recipe: Recipe) -> None:
             f"train.min_learning_rate={recipe.train.min_learning_rate} must not exceed"
             f" train.learning_rate={recipe.train.learning_rate}"
         )
+    _check_schedule(recipe.train)
+    if recipe.strategy.activation_checkpointing_policy != "full" and not recipe.strategy.activation_checkpointing:
+        raise RecipeError(
+            f"strategy.activation_checkpointing_policy={recipe.strategy.activation_checkpointing_policy} needs"
+            " strategy.activation_checkpointing=true"
+        )
     for name, value in (("train.beta1", recipe.train.beta1), ("train.beta2", recipe.train.beta2)):
         if not 0 <= value < 1:
             raise RecipeError(f"{name}={value} must be in [0, 1)")
@@ -115,6 +121,19 @@ def _check_profile(recipe: Recipe) -> None:
         raise RecipeError(
             f"profile.ranks={outside} must be global ranks from 0 to {world_size - 1}"
             f" (devices x num_nodes = {world_size}), or [] for every rank"
+        )
+
+
+def _check_schedule(train: TrainConfig) -> None:
+    """The warmup-stable-decay schedule's decay fits in the run after the warmup."""
+    if not 0 < train.decay_fraction <= 1:
+        raise RecipeError(f"train.decay_fraction={train.decay_fraction} must be in (0, 1] (a share of train.max_steps)")
+    if train.schedule != "wsd":
+        return
+    if train.warmup_steps + (decay_steps := train.wsd_decay_steps) > train.max_steps:
+        raise RecipeError(
+            f"train.schedule=wsd: train.warmup_steps={train.warmup_steps} and the decay's {decay_steps} steps"
+            f" (train.decay_fraction={train.decay_fraction} of {train.max_steps}) exceed train.max_steps={train.max_steps}"
         )
 
 

@@ -84,6 +84,9 @@ class StrategyConfig:
         activation_checkpointing: Recompute each checkpointed block's activations in backward
             instead of keeping them: less memory, about a third more compute.
         activation_checkpointing_every: Checkpoint every k-th block (1: every block).
+        activation_checkpointing_policy: What a checkpointed block recomputes: full (everything: it keeps only
+            its input) or selective (per operation, as torchtitan's op policy: it keeps the attention outputs
+            and every other matmul's output and recomputes the rest: more memory than full, less compute).
         compile: torch.compile each transformer block.
         meta_init: Build the model on the meta device and materialise it sharded, so a model
             larger than one process's memory can be built (fsdp2, hsdp, fsdp, deepspeed stage 3).
@@ -99,6 +102,7 @@ class StrategyConfig:
     timeout_minutes: int = 30
     activation_checkpointing: bool = False
     activation_checkpointing_every: int = 1
+    activation_checkpointing_policy: Literal["full", "selective"] = "full"
     compile: bool = False
     meta_init: bool = False
     fsdp2: Fsdp2Options | None = None
@@ -120,8 +124,12 @@ class TrainConfig:
         grad_accum_steps: Micro-batches accumulated per optimizer step; the global batch is
             micro_batch_size * grad_accum_steps * data-parallel world size.
         learning_rate: Peak learning rate, reached after the warmup.
-        min_learning_rate: Learning rate at the end of the cosine decay.
+        min_learning_rate: Learning rate at the end of the decay (at max_steps).
         warmup_steps: Steps of linear warmup from 0 to learning_rate.
+        schedule: The learning rate after the warmup: cosine (decays from the peak to min_learning_rate over
+            the rest of the run) or wsd (warmup-stable-decay: the peak until the last decay_fraction of
+            max_steps, then a linear decay to min_learning_rate; a longer run needs only a new decay).
+        decay_fraction: wsd only: the share of max_steps spent in the final decay, in (0, 1].
         weight_decay: AdamW weight decay, applied to matrices only (not to norms and biases).
         beta1: AdamW beta1.
         beta2: AdamW beta2.
@@ -139,12 +147,19 @@ class TrainConfig:
     learning_rate: float = 1e-3
     min_learning_rate: float = 1e-4
     warmup_steps: int = 10
+    schedule: Literal["cosine", "wsd"] = "cosine"
+    decay_fraction: float = 0.2
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
     seed: int = 1337
     on_nonfinite_loss: Literal["stop", "skip"] = "stop"
+
+    @property
+    def wsd_decay_steps(self) -> int:
+        """Steps of the wsd schedule's final decay (at least 1)."""
+        return max(1, round(self.decay_fraction * self.max_steps))
 
 
 @dataclass

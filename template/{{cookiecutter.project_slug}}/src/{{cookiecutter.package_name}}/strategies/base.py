@@ -206,17 +206,16 @@ class TrainingStrategy:
 
 
 def prepare_blocks(model: Any, config: Any) -> Any:
-    """Activation checkpointing (every k-th block) and torch.compile per block, in place.
+    """Activation checkpointing (every k-th block, full or selective) and torch.compile per block, in place.
 
     `model.blocks` is the repeated block every task's model exposes (tasks/base.py): the unit that is
     sharded, checkpointed and compiled.
     """
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from {{ cookiecutter.package_name }}.strategies.checkpointing import checkpoint_block
 
     for index, block in enumerate(model.blocks):
         if config.activation_checkpointing and index % config.activation_checkpointing_every == 0:
-            # The wrapper's state-dict hooks drop its name, so checkpoints load with it on or off.
-            block = checkpoint_wrapper(block)
+            block = checkpoint_block(block, config.activation_checkpointing_policy)
         if config.compile:
             block.compile()  # in place: parameter names, and so checkpoints, stay the same
         model.blocks[index] = block

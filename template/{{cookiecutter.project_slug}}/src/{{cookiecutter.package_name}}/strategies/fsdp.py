@@ -42,6 +42,11 @@ class FSDP1(TrainingStrategy):
                 f"strategy.activation_checkpointing_every={config.activation_checkpointing_every}:"
                 " strategy.name=fsdp checkpoints every block (set 1, or choose fsdp2 to checkpoint every k-th block)"
             )
+        if config.activation_checkpointing and config.activation_checkpointing_policy != "full":
+            raise RecipeError(
+                f"strategy.activation_checkpointing_policy={config.activation_checkpointing_policy}: strategy.name=fsdp"
+                " checkpoints whole blocks (set full, or choose fsdp2 for selective checkpointing)"
+            )
         if self.options.sharding == "HYBRID_SHARD" and self.recipe.num_nodes < 2:
             raise RecipeError(
                 "strategy.fsdp.sharding=HYBRID_SHARD needs num_nodes >= 2 (it shards inside a node and replicates"

@@ -1,8 +1,9 @@
 """`sample`: continue a prompt with a trained checkpoint and print the text, to see what the model learned.
 
-The model is built from the checkpoint's own config.yaml and loaded from its full state (sharded or
-not). Text goes in and out through the tokenizer of the prepared folder the run trained on, or as
-UTF-8 bytes for the byte-level sources (embedded, text). The command is commands/sample.py; the
+The model is built from the checkpoint's own config.yaml and given the checkpoint's model tensors only
+(sharded or not; the optimizer state is not read), and generates with a KV cache (families/kv_cache.py).
+Text goes in and out through the tokenizer of the prepared folder the run trained on, or as UTF-8 bytes
+for the byte-level sources (embedded, text). The command is commands/sample.py; the
 checkpoint argument is read by checkpoint/layout.py's `resolve_checkpoint`.
 """
 
@@ -18,6 +19,7 @@ from {{ cookiecutter.package_name }}.checkpoint.layout import resolve_checkpoint
 from {{ cookiecutter.package_name }}.checkpoint.tensors import load_model
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.tasks.language_model.families.kv_cache import KVCache, new_caches
 
 
 def text_codec(recipe: Recipe) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str], int | None]:
@@ -48,13 +50,31 @@ def _decode_bytes(ids: list[int]) -> str:
 
 @torch.no_grad()
 def generate(
-    model: Any, ids: list[int], max_new_tokens: int, temperature: float, top_k: int | None, seed: int
+    model: Any,
+    ids: list[int],
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    seed: int,
+    use_cache: bool = True,
 ) -> list[int]:
-    """`ids` continued by `max_new_tokens` sampled tokens (temperature 0: the most likely token each time)."""
+    """`ids` continued by `max_new_tokens` sampled tokens (temperature 0: the most likely token each time).
+
+    Each token is predicted from the last block_size tokens. With `use_cache` the blocks keep the keys and values
+    of the tokens seen, so each new token costs one token's forward pass; once the context is full the window
+    slides, every position moves, and the window is computed again for each token (as without the cache).
+    """
     generator = torch.Generator().manual_seed(seed)
-    sequence = torch.tensor([ids], dtype=torch.long)
+    sequence = list(ids)
+    block_size = model.config.block_size
+    caches: list[KVCache] | None = None
     for _ in range(max_new_tokens):
-        logits = model(sequence[:, -model.config.block_size :])[0, -1].float()
+        if use_cache and caches is not None and caches[0].length < block_size:
+            logits = model(torch.tensor([sequence[-1:]]), caches)  # only the newest token: the rest is cached
+        else:
+            caches = new_caches(model) if use_cache else None
+            logits = model(torch.tensor([sequence[-block_size:]]), caches)
+        logits = logits[0, -1].float()
         if temperature == 0:
             next_id = logits.argmax().view(1)
         else:
@@ -63,8 +83,8 @@ def generate(
                 threshold = torch.topk(logits, min(top_k, logits.numel())).values[-1]
                 logits = logits.masked_fill(logits < threshold, float("-inf"))
             next_id = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
-        sequence = torch.cat([sequence, next_id.view(1, 1)], dim=1)
-    return sequence[0].tolist()
+        sequence.append(int(next_id))
+    return sequence
 
 
 def sample(checkpoint: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None, seed: int) -> str:

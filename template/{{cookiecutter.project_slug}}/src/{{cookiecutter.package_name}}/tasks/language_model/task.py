@@ -139,7 +139,8 @@ def check_model(model: ModelConfig) -> None:
     for name, arch in ARCH_ONLY_FIELDS.items():
         if arch != model.arch and getattr(model, name) != getattr(defaults, name):
             raise RecipeError(
-                f"model.{name} applies only to model.arch={arch} (this recipe has {model.arch}; remove the key)"
+                f"model.{name} applies only to model.arch={arch} (this recipe has {model.arch}; remove the key"
+                f" or set it to its default, {str(getattr(defaults, name)).lower()})"
             )
     if model.arch != "llama":
         return

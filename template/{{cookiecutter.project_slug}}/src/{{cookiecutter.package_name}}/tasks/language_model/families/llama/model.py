@@ -15,6 +15,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.families.kv_cache import KVCache, cached_attention
 
 
 def rotary_tables(config: ModelConfig, time: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,13 +48,19 @@ class Attention(nn.Module):
         self.v = nn.Linear(config.n_embd, kv_width, bias=False)
         self.o = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
         batch, time, _ = x.shape
         # -1 heads: under tensor parallel each rank holds its share of the query and of the key/value heads
         # (the same ratio), so the grouping of query heads onto key/value heads stays local.
         q, k, v = (layer(x).view(batch, time, -1, self.head_dim).transpose(1, 2) for layer in (self.q, self.k, self.v))
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        grouped = k.shape[1] != q.shape[1]
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
+        else:
+            y = cached_attention(q, k, v, cache, enable_gqa=grouped)
         return self.o(y.transpose(1, 2).reshape(batch, time, -1))
 
 
@@ -81,8 +88,10 @@ class Block(nn.Module):
         self.norm_mlp = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.mlp = SwiGLU(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm_attn(x), cos, sin)
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        x = x + self.attn(self.norm_attn(x), cos, sin, cache)
         return x + self.mlp(self.norm_mlp(x))
 
 
@@ -129,13 +138,18 @@ class Llama(nn.Module):
         else:
             nn.init.normal_(param, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """Logits of shape (batch, time, vocab) for token ids of shape (batch, time)."""
+    def forward(self, idx: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
+        """Logits of shape (batch, time, vocab) for token ids of shape (batch, time).
+
+        `caches` (generation): one per block (kv_cache.new_caches); `idx` are then the tokens after those cached.
+        """
+        start = caches[0].length if caches else 0
         time = idx.shape[1]
-        if time > self.config.block_size:
-            raise ValueError(f"sequence of {time} tokens exceeds block_size={self.config.block_size}")
-        cos, sin = rotary_tables(self.config, time, idx.device)
+        if start + time > self.config.block_size:
+            raise ValueError(f"sequence of {start + time} tokens exceeds block_size={self.config.block_size}")
+        cos, sin = rotary_tables(self.config, start + time, idx.device)
+        cos, sin = cos[start:], sin[start:]
         x = self.token_embedding(idx)
-        for block in self.blocks:
-            x = block(x, cos, sin)
+        for index, block in enumerate(self.blocks):
+            x = block(x, cos, sin) if caches is None else block(x, cos, sin, caches[index])
         return self.lm_head(self.norm(x))
