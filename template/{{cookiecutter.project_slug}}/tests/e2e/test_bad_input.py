@@ -10,6 +10,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -316,6 +317,8 @@ def test_bad_paths_and_state_are_refused_before_launch_and_leave_everything_as_i
     overrides, out_dir = make(tmp_path)
     before = {path: folder_hashes(path) for path in (out_dir, tmp_path)}
     env = {**cli_env(), "HOME": str(tmp_path)}  # no ~/.netrc: no W&B login
+    # matplotlib (imported by torchmetrics when installed) keeps a font cache under HOME: not the run's writing.
+    env["MPLCONFIGDIR"] = tempfile.mkdtemp()
     if make is wandb_online_without_credentials:
         env["WANDB_MODE"] = "online"
     before_run = resource.getrusage(resource.RUSAGE_CHILDREN)

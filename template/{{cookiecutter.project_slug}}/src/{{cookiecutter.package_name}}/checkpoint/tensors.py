@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from {{ cookiecutter.package_name }}.checkpoint.layout import INDEX, SINGLE_FILE, checkpoint_recipe, read_meta
-from {{ cookiecutter.package_name }}.checkpoint.load import load_full_state
 from {{ cookiecutter.package_name }}.checkpoint.safety import check_metadata, load_tensors
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
