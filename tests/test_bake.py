@@ -94,10 +94,13 @@ def assert_only_the_task_is_there(project: Path, task: str) -> None:
     assert not any((project / "tests" / "e2e" / name).exists() for key, name in other.items() if key != task)
 
 
+# Whose quick tests CI runs: the other loggers, each task, SLURM on and off (the default answers' projects run
+# theirs in test_generated_project.py); the other combinations' quick tests under `scripts/test.sh --full`.
+QUICK_IN_CI = {("tensorboard", "no", "image_classification"), ("csv", "yes", "language_model")}
+
+
 @pytest.mark.parametrize(("logger", "include_slurm", "task"), CHOICES)
-def test_every_choice_renders_lints_and_passes_its_quick_tests(
-    tmp_path: Path, logger: str, include_slurm: str, task: str
-) -> None:
+def test_every_choice_renders_and_lints(tmp_path: Path, logger: str, include_slurm: str, task: str) -> None:
     project = bake(tmp_path, logger=logger, include_slurm=include_slurm, task=task)
     assert_fully_rendered(project)
     assert_only_the_task_is_there(project, task)
@@ -106,6 +109,14 @@ def test_every_choice_renders_lints_and_passes_its_quick_tests(
     assert ("sbatch" in (project / "README.md").read_text()) == (include_slurm == "yes")
     config = (project / "src" / "my_project" / "recipe" / "schema.py").read_text()
     assert re.search(rf'name: Literal\[.*\] = "{logger}"', config)
+
+
+@pytest.mark.parametrize(
+    ("logger", "include_slurm", "task"),
+    [choice if choice in QUICK_IN_CI else pytest.param(*choice, marks=pytest.mark.full) for choice in CHOICES],
+)
+def test_every_choice_passes_its_quick_tests(tmp_path: Path, logger: str, include_slurm: str, task: str) -> None:
+    project = bake(tmp_path, logger=logger, include_slurm=include_slurm, task=task)
     quick = run([sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider"], cwd=project)
     assert quick.returncode == 0, quick.stdout[-3000:] + quick.stderr[-2000:]
     assert " passed" in quick.stdout and not re.search(r"\b\d+ skipped\b", quick.stdout), quick.stdout[-500:]
