@@ -203,8 +203,8 @@ def free_port() -> int:
 
 def final_weights(out_dir: Path, max_steps: int) -> dict[str, torch.Tensor]:
     """The weights of a run's last checkpoint, which must be that of step max_steps."""
-    from {{ cookiecutter.package_name }}.checkpoint.load import consolidate
     from {{ cookiecutter.package_name }}.checkpoint.layout import find_latest
+    from {{ cookiecutter.package_name }}.checkpoint.load import consolidate
 
     latest = find_latest(out_dir / "checkpoints")
     assert latest is not None and latest.name == f"step-{max_steps:08d}"

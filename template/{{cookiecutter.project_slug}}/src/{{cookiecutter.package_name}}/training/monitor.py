@@ -137,8 +137,8 @@ def upload_final_weights(loggers: list[Logger], checkpoints: Path) -> None:
     The artifact is named after the run (`model-<run id>`) and carries the step and the resolved recipe;
     offline runs keep it until `wandb sync`. Consolidating reads the whole model into host memory.
     """
-    from {{ cookiecutter.package_name }}.checkpoint.load import consolidate
     from {{ cookiecutter.package_name }}.checkpoint.layout import find_latest, read_meta
+    from {{ cookiecutter.package_name }}.checkpoint.load import consolidate
 
     latest = find_latest(checkpoints)
     wandb_loggers: list[Any] = [logger for logger in loggers if type(logger).__name__ == "WandbLogger"]
