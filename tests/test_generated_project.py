@@ -13,7 +13,9 @@ SKIPPED = re.compile(r"\b\d+ skipped\b")  # pytest's summary count (a test's nam
 
 
 def test_generated_test_suite_passes(default_project: Path) -> None:
-    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=default_project, timeout=1800)
+    """Every test of the default project but its `matrix` cases (more cases of what another case shows)."""
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not matrix"]
+    result = run(args, cwd=default_project, timeout=3600)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and not SKIPPED.search(result.stdout)
 
@@ -26,6 +28,13 @@ def test_generated_image_project_passes_its_quick_tests_and_its_tasks_end_to_end
         result = run(args, cwd=image_project, timeout=1800)
         assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
         assert " passed" in result.stdout and not SKIPPED.search(result.stdout)
+
+
+@pytest.mark.full
+def test_generated_projects_matrix_cases_pass(default_project: Path) -> None:
+    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "matrix"], cwd=default_project)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and not SKIPPED.search(result.stdout)
 
 
 @pytest.mark.full

@@ -50,7 +50,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> dict[st
     return results
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.matrix), "fsdp2"])
 @pytest.mark.parametrize(
     ("fault", "resumes_at"),
     [
