@@ -57,12 +57,14 @@ def killed_and_resumed(tmp_path_factory: pytest.TempPathFactory) -> dict:
         train_command(out_dir, max_steps=100_000), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     deadline = time.monotonic() + 300
-    while not list((out_dir / "checkpoints").glob("step-*/meta.json")) and killed.poll() is None:
+    # A finished checkpoint only: `step-*.partial` holds a meta.json too, for the moment before its rename.
+    while not list((out_dir / "checkpoints").glob("step-*[0-9]/meta.json")) and killed.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.2)
     os.killpg(killed.pid, signal.SIGKILL)  # what a preempted node or `scancel` does to every rank
     killed.wait()
     log.close()
+    assert killed.returncode == -signal.SIGKILL, (out_dir.parent / "killed.log").read_text()[-3000:]
     latest = max(int(path.name.split("-")[1]) for path in (out_dir / "checkpoints").glob("step-*[0-9]"))
     resumed = subprocess.run(
         train_command(out_dir, max_steps=latest + 5), env=env, capture_output=True, text=True, timeout=600
