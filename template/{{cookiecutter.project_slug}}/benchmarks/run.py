@@ -14,7 +14,8 @@ median over repeats and the spread (min..max). The workers are the other files o
     step_sync.py      one fused all_reduce per step against one collective per decision
     training_defaults.py  AdamW's fused kernel against torch's default; selective activation checkpointing
                       against full and none (time, and the bytes held for backward)
-The start-up figure (command to first optimizer step against `import torch, lightning`) is measured here.
+The start-up figures are measured here: command to first optimizer step against `import torch, lightning`,
+and the same on prepared corpora of 1, 4 and 16 GB (sparse shards: no disk used, nothing read at start).
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ FIGURES: list[tuple[str, str, tuple[str, float] | None]] = [
     ("async_blocked_vs_sync", "async save: loop blocked / a sync save", None),
     ("load_vs_save", "load time / sync save time", None),
     ("startup_vs_import", "command to first optimizer step / import torch, lightning", ("<=", 1.5)),
+    ("first_step_16gb_vs_1gb", "command to first step, prepared corpus of 16 GB / of 1 GB", ("<=", 1.5)),
+    ("first_step_4gb_vs_1gb", "command to first step, prepared corpus of 4 GB / of 1 GB", ("<=", 1.5)),
+    ("first_step_verify_full_vs_sizes", "command to first step, 1 GB, data.verify full / sizes (default)", None),
     ("adamw_vs_previous_default", "AdamW step time, the project's (fused) / torch's default AdamW", ("<=", 1.0)),
     ("adamw_foreach_vs_previous_default", "AdamW step time, foreach / torch's default AdamW", None),
     ("selective_ac_held_vs_none", "bytes held for backward, selective checkpointing / none", ("<=", 1.0)),
@@ -267,6 +271,71 @@ def startup_figure(quick: bool, repeats: int) -> dict[str, Any]:
     return {**summary(ratios), "seconds": seconds}
 
 
+def sparse_corpus(folder: Path, small: Path, total_bytes: int, shard_bytes: int) -> None:
+    """A prepared folder of `total_bytes` of token 0 in sparse shards of `shard_bytes` (no disk used), with the
+    tokenizer of `small` (a real prepare) and a manifest that states it, digests included."""
+    import hashlib
+
+    manifest = json.loads((small / "manifest.json").read_text())
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes((small / "tokenizer.json").read_bytes())
+    digest = hashlib.sha256()
+    for _ in range(0, shard_bytes, 1 << 20):
+        digest.update(bytes(min(1 << 20, shard_bytes)))
+    shards, tokens_per_shard = [], shard_bytes // 2  # uint16
+    for index in range(total_bytes // shard_bytes):
+        name = f"shard-{index:05d}.bin"
+        with (folder / name).open("wb") as shard:
+            shard.truncate(shard_bytes)
+        shards.append({"file": name, "tokens": tokens_per_shard, "sha256": digest.hexdigest()})
+    total = tokens_per_shard * len(shards)
+    validation = total // 100
+    manifest.update(dtype="uint16", shards=shards, tokens=total, documents=1, max_token_id=0)
+    manifest["validation"] = {"first_token": total - validation, "tokens": validation, "documents": 0}
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def corpus_startup_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any]]:
+    """Seconds from `train` to its first optimizer step on prepared corpora of 1, 4 and 16 GiB in 1 GiB shards
+    (with --quick: 1 and 16 MiB in 256 KiB shards), and on the smallest with data.verify: full (every byte read)."""
+    sizes = [1, 16] if quick else [1, 4, 16]
+    unit, shard_bytes = (1 << 20, 1 << 18) if quick else (1 << 30, 1 << 30)
+    with tempfile.TemporaryDirectory(prefix="bench-corpus-") as tmp:
+        root = Path(tmp)
+        (root / "text").mkdir()
+        sys.path.insert(0, str(PROJECT / "src"))
+        from importlib import import_module
+
+        demo = import_module(f"{PACKAGE}.tasks.language_model.data").make_demo_text()
+        (root / "text" / "demo.txt").write_text(demo)
+        prepare = [sys.executable, "-m", PACKAGE, "prepare", str(root / "text"), "--out", str(root / "small")]
+        subprocess.run([*prepare, "--train_tokenizer", "300"], env=worker_env(2), check=True, capture_output=True)
+        for size in sizes:
+            sparse_corpus(root / f"{size}", root / "small", size * unit, shard_bytes)
+        seconds: dict[str, list[float]] = {f"{size}": [] for size in sizes} | {"1_verify_full": []}
+        for repeat in range(repeats):
+            runs = [(f"{size}", root / f"{size}", "sizes") for size in sizes] + [("1_verify_full", root / "1", "full")]
+            for key, folder, verify in runs if repeat % 2 == 0 else runs[::-1]:
+                out_dir = root / f"run-{key}-{repeat}"
+                train = ["train", "--config", str(PROJECT / "recipes" / "cpu-debug.yaml"), "--devices", "1"]
+                train += ["--strategy.name", "ddp", "--out_dir", str(out_dir), "--logger.name", "none"]
+                train += ["--checkpoint.resume", "null", "--data.source", "prepared", "--data.path", str(folder)]
+                train += ["--model.vocab_size", "512", "--data.verify", verify]
+                start = time.time()
+                probe = [sys.executable, str(Path(__file__).resolve()), "--first-step-probe", *train]
+                result = subprocess.run(probe, env=worker_env(2), capture_output=True, text=True, timeout=600)
+                lines = [line for line in result.stdout.splitlines() if line.startswith("FIRST_STEP ")]
+                if not lines:
+                    raise RuntimeError(f"no optimizer step in {' '.join(probe)}:\n{result.stderr[-3000:]}")
+                seconds[key].append(float(lines[0].split()[1]) - start)
+    ratio = lambda a, b: summary([x / y for x, y in zip(seconds[a], seconds[b], strict=True)])  # noqa: E731
+    figures = {
+        "first_step_16gb_vs_1gb": {**ratio("16", "1"), "seconds": seconds, "bytes_per_gb": unit},
+        "first_step_verify_full_vs_sizes": ratio("1_verify_full", "1"),
+    }
+    return figures if quick else {**figures, "first_step_4gb_vs_1gb": ratio("4", "1")}
+
+
 def met(value: float, target: tuple[str, float] | None) -> str:
     if target is None:
         return ""
@@ -313,6 +382,7 @@ def main() -> None:
         ("step sync", lambda: figures.update(fused_decide_vs_per_decision=step_sync_figure(args.quick, repeats))),
         ("checkpoint", lambda: figures.update(checkpoint_figures(args.quick, repeats))),
         ("start-up", lambda: figures.update(startup_vs_import=startup_figure(args.quick, repeats))),
+        ("corpus start-up", lambda: figures.update(corpus_startup_figures(args.quick, repeats))),
         ("training defaults", lambda: figures.update(training_default_figures(args.quick, repeats))),
     ]
     seconds = {}

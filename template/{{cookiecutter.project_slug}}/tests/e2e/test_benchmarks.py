@@ -24,6 +24,8 @@ KEYS = {
     "async_blocked_vs_sync",
     "async_blocked_vs_memory_copy",
     "startup_vs_import",
+    "first_step_16gb_vs_1gb",
+    "first_step_verify_full_vs_sizes",
     "host_syncs_per_step",
     "fused_decide_vs_per_decision",
     "profile_other_steps_vs_off",

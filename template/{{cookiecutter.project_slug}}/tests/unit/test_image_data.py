@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import run_cli
 from PIL import Image
 
 from {{ cookiecutter.package_name }}.data.sampler import TrainBatches
@@ -222,11 +223,26 @@ def test_a_damaged_or_truncated_shard_is_refused_naming_it(prepared: Path, tmp_p
     data = bytearray((damaged / "train-00001.bin").read_bytes())
     data[0] ^= 0xFF
     (damaged / "train-00001.bin").write_bytes(bytes(data))
+    load_splits(prepared_data(damaged), RGB, seed=0)  # start-up checks sizes only (data.verify: sizes)
     with pytest.raises(RecipeError, match=r"train-00001\.bin does not match its sha256"):
-        load_splits(prepared_data(damaged), RGB, seed=0)
+        load_splits(ImageDataConfig(source="prepared", path=str(damaged), verify="full"), RGB, seed=0)
     (damaged / "validation-00000.labels.bin").write_bytes(b"")
     with pytest.raises(RecipeError, match=r"validation-00000\.labels\.bin has 0 bytes"):
         describe_prepared(prepared_data(damaged), RGB)
+
+
+def test_data_verify_reads_every_byte_and_names_the_damaged_shard(prepared: Path, tmp_path: Path) -> None:
+    intact = run_cli("data", "verify", str(prepared))
+    assert intact.returncode == 0, intact.stderr
+    assert f"{prepared}: every file matches its manifest: " in intact.stdout and "of 3 classes" in intact.stdout
+    damaged = tmp_path / "damaged"
+    shutil.copytree(prepared, damaged)
+    data = bytearray((damaged / "validation-00000.bin").read_bytes())
+    data[-1] ^= 0x01
+    (damaged / "validation-00000.bin").write_bytes(bytes(data))
+    refused = run_cli("data", "verify", str(damaged))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith(f"error: PATH={str(damaged)!r}: validation-00000.bin does not match its sha256")
 
 
 def test_an_unfinished_prepare_is_refused(tmp_path: Path) -> None:

@@ -212,7 +212,7 @@ def test_bad_inputs_exit_2_with_one_line(
             "all 2 files are empty (empty input)",
         ),
         "shard checksum mismatch": (
-            train_args(tmp_path / "run", *prepared_data(damaged_copy(prepared, tmp_path))),
+            train_args(tmp_path / "run", *prepared_data(damaged_copy(prepared, tmp_path), "--data.verify", "full")),
             "shard-00001.bin does not match its sha256 in manifest.json",
         ),
         "output exists": (prepare_args(corpus[0], prepared, "--train_tokenizer", "300"), "already exists"),
@@ -226,6 +226,29 @@ def test_bad_inputs_exit_2_with_one_line(
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
     assert expected in result.stderr
     assert not out.exists() and not (tmp_path / "out.partial").exists() and not (tmp_path / "run").exists()
+
+
+def test_start_checks_sizes_and_data_verify_reads_every_byte(prepared: Path, tmp_path: Path) -> None:
+    """Opening a folder stats its files (a shard of another size is refused) but reads no shard's bytes: a changed
+    byte passes unless `data.verify: full`; `data verify` finds it, naming the shard, in one line with exit 2."""
+    damaged = damaged_copy(prepared, tmp_path)
+    tokens, _ = open_prepared(damaged)
+    assert len(tokens) == len(open_prepared(prepared)[0])
+    with pytest.raises(RecipeError, match=r"shard-00001\.bin does not match its sha256"):
+        open_prepared(damaged, checksums=True)
+
+    intact = run_cli("data", "verify", str(prepared))
+    assert intact.returncode == 0, intact.stderr
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    assert f"{prepared}: every file matches its manifest: {manifest['tokens']:,} tokens in" in intact.stdout
+    refused = run_cli("data", "verify", str(damaged))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith(f"error: PATH={str(damaged)!r}: shard-00001.bin does not match its sha256")
+
+    with (damaged / "shard-00002.bin").open("ab") as shard:
+        shard.write(b"\0\0")
+    with pytest.raises(RecipeError, match=r"shard-00002\.bin has \d+ bytes, manifest.json says \d+"):
+        open_prepared(damaged)
 
 
 def test_small_train_tokenizer_size_is_refused(tmp_path: Path, corpus: tuple[Path, list[str]]) -> None:

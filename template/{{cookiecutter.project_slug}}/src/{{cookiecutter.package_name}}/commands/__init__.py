@@ -39,6 +39,7 @@ COMMANDS: dict[str, str] = {
     "slurm": "{{ cookiecutter.package_name }}.commands.slurm",
     "submit": "{{ cookiecutter.package_name }}.commands.submit",
     "report": "{{ cookiecutter.package_name }}.commands.report",
+    "data": "{{ cookiecutter.package_name }}.commands.data",
 }
 
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 
 if TYPE_CHECKING:
@@ -157,6 +159,12 @@ class Task:
     def describe(self) -> str | None:
         """One line on the recipe's data for `recipes validate` (checking what is cheap to check), or None."""
         return None
+
+    @classmethod
+    def verify_prepared(cls, folder: Path) -> str:
+        """Check every byte of a folder this task's `prepare` wrote against its manifest (`data verify`, with
+        progress); one line on what it holds. Raise RecipeError naming the first file that does not match."""
+        raise RecipeError(f"task {cls.name} has no prepared folders to verify")
 
     def reference_model(self, parameters: float) -> dict[str, Any] | None:
         """Recipe fields, dotted (`model.n_layer`; `data.*` where the data must fit that model), of a reference shape

@@ -72,6 +72,9 @@ class ImageDataConfig:
             repeated) and cropped back at a random offset; 0: no crop.
         flip: Flip training images left-right at random (off for digits and text, whose mirror image
             is another class or none).
+        verify: What a run checks of a prepared folder before its first step: sizes (the manifest
+            and every file's size) or full (also every byte against its SHA-256, on local rank 0 of
+            each node). `data verify PATH` does the full check once, with a progress bar.
 
     The random crop and flip of a training sample are drawn from (train.seed, its position in the
     run's sample stream): a pure function of the samples seen, so a resumed run sees the same pixels.
@@ -82,6 +85,7 @@ class ImageDataConfig:
     val_fraction: float = 0.1
     crop_padding: int = 0
     flip: bool = False
+    verify: Literal["sizes", "full"] = "sizes"
 
 
 @dataclass

@@ -12,7 +12,6 @@ written by `prepare` (prepare.py), which brings its own split.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from {{ cookiecutter.package_name }}.data.shards import hashed_here
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.image_classification.config import ImageDataConfig, ViTConfig
 from {{ cookiecutter.package_name }}.tasks.image_classification.prepare import (
@@ -119,13 +119,11 @@ class PreparedImages(NamedTuple):
     classes: list[str]
 
 
-def read_prepared(folder: Path, model: ViTConfig, field: str = "data.path") -> PreparedImages:
+def read_prepared(folder: Path, model: ViTConfig, field: str = "data.path", checksums: bool = False) -> PreparedImages:
     """Both splits of a prepared folder, as memory-mapped shards, and its classes; verified and checked first."""
     manifest = read_manifest(folder, field)
     check_fits(manifest, model, folder, field)
-    # Every shard is hashed once per machine: by local rank 0 (or the process that launches the others);
-    # the other ranks of a node check sizes only, and stop with the job if that rank refuses the folder.
-    verify(folder, manifest, checksums=os.environ.get("LOCAL_RANK", "0") == "0", field=field)
+    verify(folder, manifest, checksums=checksums, field=field)  # sizes; every byte with data.verify: full
     shape = (manifest["image_size"], manifest["image_size"], manifest["channels"])
     train, validation = (_open_split(folder, manifest["shards"][split], shape) for split in SPLITS)
     return PreparedImages(*train, *validation, classes=list(manifest["classes"]))
@@ -164,7 +162,7 @@ def load_splits(data: ImageDataConfig, model: ViTConfig, seed: int) -> tuple[Ima
     if data.source == "digits":
         splits, where = digits_splits(data.val_fraction), "data.source=digits"
     else:
-        prepared = read_prepared(Path(data.path or ""), model)
+        prepared = read_prepared(Path(data.path or ""), model, checksums=hashed_here(data.verify))
         splits = (
             (prepared.train_pixels, prepared.train_labels),
             (prepared.validation_pixels, prepared.validation_labels),

@@ -38,13 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import file_sha256, new_partial
+from {{ cookiecutter.package_name }}.checkpoint.layout import new_partial
 from {{ cookiecutter.package_name }}.cluster.lifecycle import end_with_parent
+from {{ cookiecutter.package_name }}.data.shards import MANIFEST, Listed, check_files, load_manifest
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.progress import counted
 from {{ cookiecutter.package_name }}.tasks.image_classification.config import ImageDataConfig, ViTConfig
 
-MANIFEST = "manifest.json"
 FORMAT = 1
 KIND = "images"  # a token folder of the language model has a manifest too
 SPLITS = ("train", "validation")
@@ -307,41 +306,34 @@ def prepare_images(
 
 def read_manifest(folder: Path, field: str = "data.path") -> dict[str, Any]:
     """The manifest of a complete prepared image folder; refuses a missing, unfinished or foreign one."""
+    manifest = load_manifest(folder, field, prepare_hint=f"prepare IMAGE_FOLDER --out {folder}")
     where = f"{field}={str(folder)!r}"
-    if not folder.is_dir():
-        if folder.with_name(folder.name + ".partial").is_dir():
-            raise RecipeError(f"{where}: not prepared: {folder}.partial is an unfinished prepare (run prepare again)")
-        raise RecipeError(f"{where}: no such folder (make one with `prepare IMAGE_FOLDER --out {folder}`)")
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise RecipeError(f"{where}: no {MANIFEST}: not a finished prepare (run prepare again)") from None
-    except (OSError, ValueError) as error:
-        raise RecipeError(f"{where}: unreadable {MANIFEST} ({error})") from None
-    if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
+    if manifest.get("kind") != KIND:
         raise RecipeError(f"{where}: not a prepared image folder ({MANIFEST} has no kind: {KIND})")
     if manifest.get("format") != FORMAT:
         raise RecipeError(f"{where}: {MANIFEST} has format {manifest.get('format')!r}, this code reads {FORMAT}")
     return manifest
 
 
-def verify(folder: Path, manifest: dict[str, Any], checksums: bool = True, field: str = "data.path") -> None:
+def verify(folder: Path, manifest: dict[str, Any], checksums: bool = False, field: str = "data.path") -> None:
     """Refuse a folder whose files do not match its manifest: missing, another size, or (checksums) other bytes."""
-    where = f"{field}={str(folder)!r}"
     image_bytes = manifest["image_size"] ** 2 * manifest["channels"]
-    shards = [shard for split in SPLITS for shard in manifest["shards"][split]]
-    for shard in counted(shards, f"Verifying {folder}", total=len(shards), unit="shards") if checksums else shards:
-        pixels = (shard["file"], image_bytes, shard["sha256"])
-        for name, item_bytes, sha256 in (pixels, (shard["labels"], LABEL_DTYPE.itemsize, shard["labels_sha256"])):
-            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-                raise RecipeError(f"{where}: {MANIFEST} names {str(name)[:60]!r}, not a file in the folder (refused)")
-            path, size = folder / name, shard["images"] * item_bytes
-            if not path.is_file():
-                raise RecipeError(f"{where}: {name} is missing ({MANIFEST} lists it; prepare again)")
-            if (found := path.stat().st_size) != size:
-                raise RecipeError(f"{where}: {name} has {found} bytes, {MANIFEST} says {size} (prepare again)")
-            if checksums and file_sha256(path) != sha256:
-                raise RecipeError(f"{where}: {name} does not match its sha256 in {MANIFEST} (damaged; prepare again)")
+    files = []
+    for shard in (shard for split in SPLITS for shard in manifest["shards"][split]):
+        files.append(Listed(shard["file"], shard["images"] * image_bytes, shard["sha256"]))
+        files.append(Listed(shard["labels"], shard["images"] * LABEL_DTYPE.itemsize, shard["labels_sha256"]))
+    check_files(folder, files, checksums, field)
+
+
+def describe_folder(folder: Path) -> str:
+    """One line on what a prepared folder holds."""
+    manifest = read_manifest(folder)
+    shards = sum(len(manifest["shards"][split]) for split in SPLITS)
+    size, channels = manifest["image_size"], manifest["channels"]
+    return (
+        f"{manifest['images']:,} images ({size}x{size}x{channels}) of {len(manifest['classes'])} classes in"
+        f" {shards} shard(s), validation {manifest['validation']['images']:,} images"
+    )
 
 
 def check_fits(manifest: dict[str, Any], model: ViTConfig, folder: Path, field: str = "data.path") -> None:
@@ -363,7 +355,7 @@ def check_fits(manifest: dict[str, Any], model: ViTConfig, folder: Path, field: 
 def describe_prepared(data: ImageDataConfig, model: ViTConfig) -> str:
     """One line on a recipe's prepared folder (for `recipes validate`); refuses one the model cannot train on.
 
-    Checks the manifest, the files' sizes, the image shape and the classes, not the checksums (train does).
+    Checks the manifest, the files' sizes, the image shape and the classes, not the checksums (`data verify` does).
     """
     folder = Path(data.path or "")
     if not folder.exists() and not folder.with_name(folder.name + ".partial").exists():
@@ -371,9 +363,4 @@ def describe_prepared(data: ImageDataConfig, model: ViTConfig) -> str:
     manifest = read_manifest(folder)
     verify(folder, manifest, checksums=False)
     check_fits(manifest, model, folder)
-    shards = sum(len(manifest["shards"][split]) for split in SPLITS)
-    size, channels = manifest["image_size"], manifest["channels"]
-    return (
-        f"data: {manifest['images']:,} images ({size}x{size}x{channels}) of {len(manifest['classes'])} classes in"
-        f" {shards} shard(s) at {folder}, validation {manifest['validation']['images']:,} images"
-    )
+    return f"data: {describe_folder(folder)} at {folder}"

@@ -10,6 +10,7 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
@@ -38,6 +39,13 @@ class ImageClassification(Task):
         "export": "{{ cookiecutter.package_name }}.tasks.image_classification.commands.export",
     }
     recipe: ImageClassificationRecipe
+
+    @classmethod
+    def verify_prepared(cls, folder: Path) -> str:
+        from {{ cookiecutter.package_name }}.tasks.image_classification.prepare import describe_folder, read_manifest, verify
+
+        verify(folder, read_manifest(folder, "PATH"), checksums=True, field="PATH")
+        return describe_folder(folder)
 
     def check(self) -> None:
         model, data = self.recipe.model, self.recipe.data

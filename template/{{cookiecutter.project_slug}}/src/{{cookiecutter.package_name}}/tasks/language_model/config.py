@@ -102,12 +102,17 @@ class DataConfig:
             prepared folder states its own.
         val_fraction: Fraction of the tokens held out, at the end, for validation; a prepared
             folder brings its own split (`prepare --val_fraction`).
+        verify: What a run checks of a prepared folder before its first step: sizes (the manifest
+            and every file's size: a stat per file, whatever the corpus's size) or full (also every
+            byte against its SHA-256, on local rank 0 of each node: about a second per GB). `data
+            verify PATH` does the full check once, with a progress bar.
     """
 
     source: Literal["embedded", "text", "tokens", "prepared"] = "embedded"
     path: str | None = None
     token_dtype: Literal["uint16", "uint32"] = "uint16"
     val_fraction: float = 0.1
+    verify: Literal["sizes", "full"] = "sizes"
 
 
 @dataclass

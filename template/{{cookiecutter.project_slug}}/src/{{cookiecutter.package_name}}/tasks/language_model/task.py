@@ -9,6 +9,7 @@ Importing this module does not import torch.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
@@ -38,6 +39,13 @@ class LanguageModel(Task):
     # The weights init_from named are in a checkpoint now; the folder they came from may be gone.
     saved_recipe_overrides = ("--model.init_from", "null")
     recipe: LanguageModelRecipe
+
+    @classmethod
+    def verify_prepared(cls, folder: Path) -> str:
+        from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import describe_folder, read_manifest, verify
+
+        verify(folder, read_manifest(folder, "PATH"), checksums=True, field="PATH")
+        return describe_folder(folder)
 
     def check(self) -> None:
         model, data = self.recipe.model, self.recipe.data

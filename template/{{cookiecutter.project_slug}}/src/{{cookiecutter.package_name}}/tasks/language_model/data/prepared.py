@@ -12,19 +12,15 @@ interrupted `prepare` (which leaves `OUT.partial`) or a damaged shard is refused
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import file_sha256
+from {{ cookiecutter.package_name }}.data.shards import MANIFEST, Listed, check_files, load_manifest
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.progress import counted
 
-MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
 FORMAT = 1
 
@@ -137,52 +133,40 @@ def count_token(tokens: ShardedTokens, token: int) -> int:
 
 def read_manifest(folder: Path, field: str = "data.path") -> dict[str, Any]:
     """The manifest of a complete prepared folder; refuses a missing, unfinished or foreign one."""
-    where = f"{field}={str(folder)!r}"
-    if not folder.is_dir():
-        unfinished = folder.with_name(folder.name + ".partial")
-        if unfinished.is_dir():
-            raise RecipeError(f"{where}: not prepared: {unfinished} is an unfinished prepare (run prepare again)")
-        raise RecipeError(f"{where}: no such folder (make one with `prepare INPUTS --out {folder}`)")
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise RecipeError(f"{where}: no {MANIFEST}: not a finished prepare (run prepare again)") from None
-    except (OSError, ValueError) as error:
-        raise RecipeError(f"{where}: unreadable {MANIFEST} ({error})") from None
+    manifest = load_manifest(folder, field, prepare_hint=f"prepare INPUTS --out {folder}")
     if manifest.get("format") != FORMAT:
-        raise RecipeError(f"{where}: {MANIFEST} has format {manifest.get('format')!r}, this code reads {FORMAT}")
+        raise RecipeError(
+            f"{field}={str(folder)!r}: {MANIFEST} has format {manifest.get('format')!r}, this code reads {FORMAT}"
+        )
     return manifest
 
 
-def verify(folder: Path, manifest: dict[str, Any], checksums: bool = True, field: str = "data.path") -> None:
+def verify(folder: Path, manifest: dict[str, Any], checksums: bool = False, field: str = "data.path") -> None:
     """Refuse a folder whose files do not match its manifest: missing, another size, or (checksums) other bytes."""
-    where = f"{field}={str(folder)!r}"
     itemsize = np.dtype(manifest["dtype"]).itemsize
-    files = [(TOKENIZER, None, manifest["tokenizer"]["sha256"])]
-    files += [(shard["file"], shard["tokens"] * itemsize, shard["sha256"]) for shard in manifest["shards"]]
-    for name, size, sha256 in (
-        counted(files, f"Verifying {folder}", total=len(files), unit="files") if checksums else files
-    ):
-        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-            raise RecipeError(f"{where}: {MANIFEST} names {str(name)[:60]!r}, not a file in the folder (refused)")
-        path = folder / name
-        if not path.is_file():
-            raise RecipeError(f"{where}: {name} is missing ({MANIFEST} lists it; prepare again)")
-        if size is not None and path.stat().st_size != size:
-            raise RecipeError(
-                f"{where}: {name} has {path.stat().st_size} bytes, {MANIFEST} says {size} (prepare again)"
-            )
-        if checksums and file_sha256(path) != sha256:
-            raise RecipeError(
-                f"{where}: {name} does not match its sha256 in {MANIFEST} (damaged or changed; prepare again)"
-            )
+    files = [Listed(TOKENIZER, None, manifest["tokenizer"]["sha256"])]
+    files += [Listed(shard["file"], shard["tokens"] * itemsize, shard["sha256"]) for shard in manifest["shards"]]
+    check_files(folder, files, checksums, field)
 
 
-def open_prepared(folder: Path, field: str = "data.path") -> tuple[ShardedTokens, dict[str, Any]]:
-    """All tokens of a prepared folder as one array of memory maps, and its manifest; verified first."""
+def open_prepared(
+    folder: Path, field: str = "data.path", checksums: bool = False
+) -> tuple[ShardedTokens, dict[str, Any]]:
+    """All tokens of a prepared folder as one array of memory maps, and its manifest; checked first.
+
+    The files' presence and sizes are checked always (a stat each); their bytes only with `checksums`
+    (data.verify: full, on local rank 0 of each node: data/shards.py).
+    """
     manifest = read_manifest(folder, field)
-    # Every shard is hashed once per machine: by local rank 0 (or the process that launches the others);
-    # the other ranks of a node check sizes only, and stop with the job if that rank refuses the folder.
-    verify(folder, manifest, checksums=os.environ.get("LOCAL_RANK", "0") == "0", field=field)
+    verify(folder, manifest, checksums=checksums, field=field)
     shards = [np.memmap(folder / shard["file"], dtype=manifest["dtype"], mode="r") for shard in manifest["shards"]]
     return ShardedTokens(shards), manifest
+
+
+def describe_folder(folder: Path) -> str:
+    """One line on what a prepared folder holds."""
+    manifest = read_manifest(folder)
+    return (
+        f"{manifest['tokens']:,} tokens in {len(manifest['shards'])} shard(s), vocabulary"
+        f" {manifest['tokenizer']['vocab_size']}, validation {manifest['validation']['tokens']:,} tokens"
+    )

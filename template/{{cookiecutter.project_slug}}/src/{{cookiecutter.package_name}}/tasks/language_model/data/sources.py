@@ -8,9 +8,17 @@ from typing import Any, cast
 
 import numpy as np
 
+from {{ cookiecutter.package_name }}.data.shards import hashed_here
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.language_model.config import DataConfig, ModelConfig
-from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import TOKENIZER, ShardedTokens, open_prepared, read_manifest, verify
+from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import (
+    TOKENIZER,
+    ShardedTokens,
+    describe_folder,
+    open_prepared,
+    read_manifest,
+    verify,
+)
 from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import load_tokenizer, vocab_size
 
 
@@ -40,7 +48,7 @@ def make_demo_text(num_sentences: int = 6000, seed: int = 0) -> str:
 def load_tokens(config: DataConfig) -> np.ndarray | ShardedTokens:
     """All tokens of the data source as a 1-D integer array (a memory map for token files and prepared shards)."""
     if config.source == "prepared":
-        return open_prepared(Path(config.path or ""))[0]
+        return open_prepared(Path(config.path or ""), checksums=hashed_here(config.verify))[0]
     if config.source == "embedded":
         return np.frombuffer(make_demo_text().encode("utf-8"), dtype=np.uint8)
     path = Path(config.path or "")
@@ -79,7 +87,7 @@ def load_splits(config: DataConfig, model: ModelConfig) -> tuple[Any, Any]:
                 f" (set model.vocab_size >= {largest + 1}, or check data.token_dtype={config.token_dtype})"
             )
         return split_tokens(tokens, config.val_fraction, model.block_size)
-    tokens, manifest = open_prepared(Path(config.path or ""))
+    tokens, manifest = open_prepared(Path(config.path or ""), checksums=hashed_here(config.verify))
     _check_vocab_size(config, model, manifest)
     boundary = manifest["validation"]["first_token"]
     train, val = tokens.view(0, boundary), tokens.view(boundary, len(tokens))
@@ -91,18 +99,14 @@ def load_splits(config: DataConfig, model: ModelConfig) -> tuple[Any, Any]:
 def describe_prepared(config: DataConfig, model: ModelConfig) -> str:
     """One line on a recipe's prepared folder (for `recipes validate`); refuses one the model cannot train on.
 
-    Checks the manifest, the files' sizes and the vocabulary, not the checksums (train does): it is quick.
+    Checks the manifest, the files' sizes and the vocabulary, not the checksums (`data verify` does): it is quick.
     """
     folder = Path(config.path or "")
     if not folder.exists() and not folder.with_name(folder.name + ".partial").exists():
         return f"data: {folder} is not prepared yet (prepare INPUTS --out {folder} before training)"
-    manifest = read_manifest(folder)
-    verify(folder, manifest, checksums=False)
-    _check_vocab_size(config, model, manifest)
-    return (
-        f"data: {manifest['tokens']:,} tokens in {len(manifest['shards'])} shard(s) at {folder}, vocabulary"
-        f" {manifest['tokenizer']['vocab_size']}, validation {manifest['validation']['tokens']:,} tokens"
-    )
+    verify(folder, read_manifest(folder), checksums=False)
+    _check_vocab_size(config, model, read_manifest(folder))
+    return f"data: {describe_folder(folder)} at {folder}"
 
 
 def _check_vocab_size(config: DataConfig, model: ModelConfig, manifest: dict[str, Any]) -> None:

@@ -1,0 +1,37 @@
+"""`<project> data verify PATH`: every byte of a prepared folder against the SHA-256 its manifest records.
+
+A run checks only the manifest and the files' sizes at start (data/shards.py), so that start-up does not
+grow with the corpus; this reads every byte once, with a progress bar, after a copy to new storage or
+when a shard is suspected. `data.verify: full` in a recipe does the same at every start instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jsonargparse import ArgumentParser
+
+from {{ cookiecutter.package_name }}.commands import as_subcommand, choose_a_command, parse_arguments
+from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.tasks import task_class
+
+HELP = "Prepared data: verify every byte of a folder against its manifest."
+
+
+def add_arguments(parser: ArgumentParser, prog: str) -> None:
+    """`data`'s subcommands."""
+    parser.description = "Prepared data folders."
+    actions = parser.add_subcommands(dest="action")
+    verify = ArgumentParser(exit_on_error=False)
+    verify.add_argument("path", help="A folder `prepare` wrote (data.path of a recipe).")
+    actions.add_subcommand("verify", verify, help="Check every file's size and SHA-256 against the manifest.")
+
+
+def run(argv: list[str], prog: str) -> None:
+    """Run a `data` subcommand; without one, show the choices."""
+    if not argv:
+        choose_a_command(as_subcommand(prog, "data", add_arguments), ["data"])
+    args = parse_arguments(prog, "data", add_arguments, argv)
+    folder = Path(args.verify.path)
+    summary = task_class(Recipe.task).verify_prepared(folder)
+    print(f"{folder}: every file matches its manifest: {summary}")

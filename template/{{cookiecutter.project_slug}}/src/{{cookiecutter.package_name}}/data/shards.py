@@ -1,0 +1,100 @@
+"""What every task's prepared folder shares: a manifest written last, and files checked against it.
+
+Start-up cost does not grow with the corpus. A run checks what is O(number of files): the manifest,
+that every file it lists is there with the size it states. Reading every byte (SHA-256, about a
+second per GB) is done once, by `prepare` as it writes, and again only when asked: `data verify
+PATH` (a progress bar by bytes) or `data.verify: full` in a recipe (local rank 0 of each node
+hashes every file before the first step).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.progress import counted
+
+MANIFEST = "manifest.json"
+VERIFY_MODES = ("sizes", "full")  # data.verify: what a run checks at start
+PIECE = 1 << 20  # bytes hashed between progress counts
+
+
+class Listed(NamedTuple):
+    """A file a manifest lists: its name in the folder, its size in bytes (None: unknown) and its SHA-256."""
+
+    name: str
+    size: int | None
+    sha256: str
+
+
+def load_manifest(folder: Path, field: str, prepare_hint: str) -> dict[str, Any]:
+    """The manifest of a finished prepare; refuses a missing folder, an unfinished prepare, an unreadable manifest."""
+    where = f"{field}={str(folder)!r}"
+    if not folder.is_dir():
+        if folder.with_name(folder.name + ".partial").is_dir():
+            raise RecipeError(f"{where}: not prepared: {folder}.partial is an unfinished prepare (run prepare again)")
+        raise RecipeError(f"{where}: no such folder (make one with `{prepare_hint}`)")
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise RecipeError(f"{where}: no {MANIFEST}: not a finished prepare (run prepare again)") from None
+    except (OSError, ValueError) as error:
+        raise RecipeError(f"{where}: unreadable {MANIFEST} ({error})") from None
+    if not isinstance(manifest, dict):
+        raise RecipeError(f"{where}: {MANIFEST} is not a JSON object")
+    return manifest
+
+
+def check_files(folder: Path, files: list[Listed], checksums: bool, field: str = "data.path") -> None:
+    """Refuse a folder whose files do not match its manifest: missing, another size, or (checksums) other bytes.
+
+    Sizes are one stat per file. With `checksums` every byte is read, with progress shown by bytes.
+    """
+    where = f"{field}={str(folder)!r}"
+    for name, size, _ in files:
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            raise RecipeError(f"{where}: {MANIFEST} names {str(name)[:60]!r}, not a file in the folder (refused)")
+        path = folder / name
+        if not path.is_file():
+            raise RecipeError(f"{where}: {name} is missing ({MANIFEST} lists it; prepare again)")
+        if size is not None and (found := path.stat().st_size) != size:
+            raise RecipeError(f"{where}: {name} has {found} bytes, {MANIFEST} says {size} (prepare again)")
+    if not checksums:
+        return
+    sizes = [(folder / name).stat().st_size for name, _, _ in files]
+    total = sum(max(1, -(-size // PIECE)) for size in sizes)
+    pieces = counted(_pieces(folder, files, sizes), f"Verifying {folder}", total=total, unit="MiB")
+    digest = hashlib.sha256()
+    for name, sha256, piece, last in pieces:
+        digest.update(piece)
+        if last:
+            if digest.hexdigest() != sha256:
+                raise RecipeError(
+                    f"{where}: {name} does not match its sha256 in {MANIFEST} (damaged or changed; prepare again)"
+                )
+            digest = hashlib.sha256()
+
+
+def _pieces(folder: Path, files: list[Listed], sizes: list[int]) -> Iterator[tuple[str, str, bytes, bool]]:
+    """Every file read in PIECE-byte pieces: (name, its expected SHA-256, the piece, whether it is the file's last)."""
+    for (name, _, sha256), size in zip(files, sizes, strict=True):
+        with (folder / name).open("rb") as handle:
+            done = 0
+            while True:
+                piece = handle.read(PIECE)
+                done += len(piece)
+                last = not piece or done >= size  # a file cut short since its stat ends here too
+                yield name, sha256, piece, last
+                if last:
+                    break
+
+
+def hashed_here(verify: str) -> bool:
+    """Whether this process reads every byte of the data at start: `data.verify: full`, on local rank 0 of a node
+    (the other ranks of a node check sizes, and stop with the job if that rank refuses the folder)."""
+    return verify == "full" and os.environ.get("LOCAL_RANK", "0") == "0"
