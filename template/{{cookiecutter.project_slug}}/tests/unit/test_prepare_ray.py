@@ -11,7 +11,8 @@ from corpus import write_corpus
 from helpers import PROJECT, run_cli_without
 
 from {{ cookiecutter.package_name }}.tasks.language_model.data.distributed import split_sources
-from {{ cookiecutter.package_name }}.tasks.language_model.data.prepare import find_inputs, prepare
+from {{ cookiecutter.package_name }}.tasks.language_model.data.inputs import find_inputs
+from {{ cookiecutter.package_name }}.tasks.language_model.data.prepare import prepare
 
 ray = pytest.importorskip("ray")
 

@@ -24,14 +24,9 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.language_model.data.prepare import (
-    Progress,
-    Source,
-    batches,
-    encode_documents,
-    iter_documents,
-)
+from {{ cookiecutter.package_name }}.tasks.language_model.data.inputs import Progress, Source, iter_documents
 from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import ShardWriter
+from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import batches, encode_documents
 
 
 def require_ray() -> None:
