@@ -88,6 +88,9 @@ def test_a_saved_dataset_and_a_parquet_folder_give_the_shards_of_the_jsonl(
     ):
         run_prepare([str(tmp_path / "dict")], tmp_path / "dict-out", tokenizer_file)
     assert not (tmp_path / "dict-out").exists() and not (tmp_path / "dict-out.partial").exists()
+    (tmp_path / "broken.arrow").write_bytes(b"not arrow")
+    with pytest.raises(RecipeError, match=r"broken\.arrow: not a readable \.arrow file"):
+        run_prepare([str(tmp_path / "broken.arrow")], tmp_path / "broken-out", tokenizer_file)
 
 
 def test_url_inputs_are_read_through_fsspec(

@@ -125,6 +125,7 @@ def _saved_dataset_files(item: str, read: Callable[[str], str]) -> list[str]:
 
 
 def first_line(error: BaseException) -> str:
+    """An error's message in one line (the first), for a one-line refusal."""
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
@@ -151,12 +152,16 @@ class _FileBatches:
 
 
 def _columns(source: Source) -> list[str]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with source.open() as handle:
-        if source.format == "parquet":
-            return list(pq.read_schema(handle).names)
-        return list(_arrow_batches(handle).schema.names)
+    try:
+        with source.open() as handle:
+            if source.format == "parquet":
+                return list(pq.read_schema(handle).names)
+            return list(_arrow_batches(handle).schema.names)
+    except pa.ArrowException as error:
+        raise RecipeError(f"{source.name()}: not a readable .{source.format} file ({first_line(error)})") from None
 
 
 def check_text_field(sources: list[Source], text_field: str) -> None:
