@@ -10,6 +10,7 @@ import pytest
 from corpus import write_corpus
 from helpers import PROJECT, run_cli_without
 
+from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.language_model.data.distributed import split_sources
 from {{ cookiecutter.package_name }}.tasks.language_model.data.inputs import find_inputs
 from {{ cookiecutter.package_name }}.tasks.language_model.data.prepare import prepare
@@ -57,3 +58,21 @@ def test_engine_ray_without_ray_is_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "--engine ray needs Ray, which is not installed here (pip install '{{ cookiecutter.project_slug }}[ray]')" in result.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"engine": "spark"}, "--engine 'spark': use one of local, ray"),
+        ({"tasks": 2}, "--tasks counts the tasks of --engine ray; with --engine local, use --workers"),
+        (
+            {"engine": "ray", "workers": 2},
+            "--workers counts the processes of --engine local; with --engine ray, use --tasks",
+        ),
+        ({"engine": "ray", "tasks": 0}, "--tasks 0 and --shard_tokens"),
+    ],
+)
+def test_engine_options_are_checked_before_anything_is_read(tmp_path: Path, options: dict, expected: str) -> None:
+    with pytest.raises(RecipeError) as refused:
+        prepare([str(tmp_path / "nothing-here")], str(tmp_path / "out"), train_tokenizer=300, **options)
+    assert expected in str(refused.value) and not (tmp_path / "out.partial").exists()
