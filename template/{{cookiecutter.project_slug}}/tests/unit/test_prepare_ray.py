@@ -49,6 +49,13 @@ def test_ray_tasks_write_the_bytes_of_a_one_machine_prepare(tmp_path: Path, loca
         if name == "manifest.json":  # the one difference: the tokenizer was trained for the first, given to the second
             local = local.replace(b'"trained_on_inputs": true', b'"trained_on_inputs": false')
         assert local == distributed, name
+    # A record without the text field in a later line is found by its task: the same one line as on one machine.
+    with (corpus / "c.jsonl").open("a") as jsonl:
+        jsonl.write('{"id": 99}\n')
+    with pytest.raises(RecipeError, match=r"c\.jsonl:\d+: no text field 'text' \(found: id;") as refused:
+        prepare([str(corpus)], str(tmp_path / "bad"), tokenizer, engine="ray", tasks=2, **options)  # type: ignore[arg-type]
+    assert type(refused.value) is RecipeError and not (tmp_path / "bad").exists()
+    assert not (tmp_path / "bad.partial").exists()
 
 
 def test_engine_ray_without_ray_is_one_line(tmp_path: Path) -> None:

@@ -97,7 +97,12 @@ def encode_with_ray(
 def _write(sources: list[Source], writer: ShardWriter, progress: Progress, run: list[int], result: Any) -> None:
     import ray
 
-    tokens, documents = ray.get(result)
+    try:
+        tokens, documents = ray.get(result)
+    except ray.exceptions.RayTaskError as error:  # a bad record found by a task: its one line, not Ray's traceback
+        if isinstance(error.cause, RecipeError):
+            raise error.cause from None
+        raise
     writer.write(tokens)
     progress.tokens += len(tokens)
     for index, count in zip(run, documents, strict=True):
