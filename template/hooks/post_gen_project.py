@@ -26,6 +26,7 @@ TASK_FILES = {
         *(f"scripts/{name}.sh" for name in ("gpu_bench", "gpu_session")),
         "tests/corpus.py",
         *(f"tests/unit/test_{name}.py" for name in ("data", "hf", "models", "prepare", "prepare_benchmark", "sample")),
+        *(f"tests/unit/test_{name}.py" for name in ("prepare_sources", "prepare_ray")),
         *(f"tests/unit/test_{name}.py" for name in ("sizing", "observe", "plan", "strategy_recipes")),
         *(f"tests/e2e/test_{name}.py" for name in ("llama", "prepared_training", "benchmarks", "bad_input")),
         *(f"tests/e2e/test_{name}.py" for name in ("checkpoint_cli", "mixed_precision", "plan_written", "resume")),

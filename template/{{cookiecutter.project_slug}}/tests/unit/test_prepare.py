@@ -206,7 +206,10 @@ def test_bad_inputs_exit_2_with_one_line(
             prepare_args(corpus[0] / "c.jsonl", out, "--train_tokenizer", "300", "--text_field", "body"),
             f"{corpus[0] / 'c.jsonl'}:1: no text field 'body' (found: id, text; choose with --text_field)",
         ),
-        "empty input": (prepare_args(empty, out, "--train_tokenizer", "300"), "no .txt, .jsonl, .parquet files found"),
+        "empty input": (
+            prepare_args(empty, out, "--train_tokenizer", "300"),
+            "no .txt, .jsonl, .parquet, .arrow files found",
+        ),
         "empty files": (
             prepare_args(empty_files, out, "--train_tokenizer", "300"),
             "all 2 files are empty (empty input)",

@@ -1,4 +1,4 @@
-"""`<project> prepare INPUTS --out FOLDER`: tokenize .txt/.jsonl/.parquet files into token shards (data/prepare.py)."""
+"""`<project> prepare INPUTS --out FOLDER`: tokenize .txt/.jsonl/.parquet/saved datasets into token shards (data/prepare.py)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,25 @@ HELP = "Text -> token shards (data.source=prepared)."
 
 def add_arguments(parser: ArgumentParser, prog: str) -> None:
     """`prepare`'s arguments: the inputs, the folder to write and how to tokenize."""
-    parser.description = "Tokenize .txt/.jsonl/.parquet files into token shards."
-    parser.add_argument("inputs", nargs="+", help="Folders, files or globs of .txt, .jsonl and .parquet files.")
-    parser.add_argument("--out", required=True, help="Folder to write (must not exist); data.path of the recipe.")
+    parser.description = "Tokenize .txt/.jsonl/.parquet files and Hugging Face datasets into token shards."
+    parser.add_argument(
+        "inputs", nargs="+",
+        help="Folders, files or globs of .txt, .jsonl and .parquet files, folders of datasets' save_to_disk, or URLs"
+        " of any of these (hf://datasets/..., s3://...).",
+    )  # fmt: skip
+    parser.add_argument(
+        "--out", required=True, help="Folder or URL (s3://...) to write (must not exist); data.path of the recipe."
+    )
     parser.add_argument("--tokenizer", default=None, help="A Hugging Face tokenizer.json to tokenize with.")
     parser.add_argument("--train_tokenizer", type=int, default=None, help="Train a byte-level BPE of this size.")
     parser.add_argument("--text_field", default="text", help="Text field of .jsonl records / column of .parquet.")
     parser.add_argument("--val_fraction", type=float, default=0.01, help="Share of tokens held out.")
     parser.add_argument("--workers", type=int, default=None, help="Tokenizing processes (default: every core).")
     parser.add_argument("--shard_tokens", type=int, default=1 << 28, help="Tokens per shard file.")
+    parser.add_argument(
+        "--engine", default="local", help="Where tokenizing runs: local (--workers processes) or ray (a Ray cluster)."
+    )
+    parser.add_argument("--tasks", type=int, default=None, help="Ray tasks (--engine ray; default: one per file).")
 
 
 def run(argv: list[str], prog: str) -> None:
@@ -29,7 +39,7 @@ def run(argv: list[str], prog: str) -> None:
 
     manifest = prepare(
         args.inputs, args.out, args.tokenizer, args.train_tokenizer, args.text_field, args.val_fraction,
-        args.workers, args.shard_tokens,
+        args.workers, args.shard_tokens, engine=args.engine, tasks=args.tasks,
     )  # fmt: skip
     vocab = manifest["tokenizer"]["vocab_size"]
     print(

@@ -1,27 +1,28 @@
-"""`prepare`: .txt, .jsonl and .parquet files -> token shards, manifest.json and tokenizer.json in one folder.
+"""`prepare`: .txt, .jsonl, .parquet files and saved datasets -> token shards, manifest.json and tokenizer.json.
 
     prepare data/raw --train_tokenizer 32000 --out data/prepared
     prepare 'data/raw/**/*.jsonl' --tokenizer tokenizer.json --text_field content --out data/prepared
+    prepare hf://datasets/ORG/NAME/data --tokenizer tokenizer.json --out s3://bucket/prepared
 
-A document is a whole .txt file, the text field of a .jsonl line, or the text column of a .parquet
-row. Documents are tokenized in input order, each followed by the tokenizer's end-of-document
+The inputs and their documents: inputs.py. Documents are tokenized in input order, each followed by the tokenizer's end-of-document
 token, and written to shards of `shard_tokens` tokens (uint16 when the vocabulary fits, else
 uint32). Tokenizing runs in `workers` processes and the results are written in reading order, so
 the same inputs give the same bytes whatever the number of workers. Everything is written to
 `OUT.partial` and renamed to `OUT` after the manifest, so an interrupted prepare leaves nothing
-that training accepts (see prepared.py for the folder's layout).
+that training accepts (see prepared.py for the folder's layout); an `--out` URL gets the finished
+folder uploaded, its manifest last (Destination). `engine="ray"` tokenizes in Ray tasks instead of
+local processes, with the same result (distributed.py).
 """
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import multiprocessing
 import os
 import shutil
 import sys
-import time
+import tempfile
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -36,6 +37,14 @@ from tokenizers import Tokenizer
 from {{ cookiecutter.package_name }}.checkpoint.layout import new_partial
 from {{ cookiecutter.package_name }}.cluster.lifecycle import end_with_parent
 from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.tasks.language_model.data.inputs import (
+    Progress,
+    Source,
+    check_text_field,
+    find_inputs,
+    first_line,
+    iter_documents,
+)
 from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import (
     FORMAT,
     MANIFEST,
@@ -45,139 +54,17 @@ from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import (
     count_token,
     validation_boundary,
 )
-from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import eos_id, load_tokenizer, train_byte_level_bpe, vocab_size
+from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import (
+    batches,
+    encode_documents,
+    eos_id,
+    load_tokenizer,
+    train_byte_level_bpe,
+    vocab_size,
+)
 
-FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".parquet": "parquet"}
 SHARD_TOKENS = 1 << 28  # 512 MiB of uint16 per shard: few files (each stays memory-mapped) even for 100B tokens
-BATCH_CHARS = 1 << 20  # text per task sent to a worker: large enough that the transfer costs little
-LOG_EVERY_SECONDS = 10.0
-
-
-@dataclass
-class Source:
-    """One input file and what was read from it."""
-
-    path: Path
-    format: str
-    documents: int = 0
-
-
-def find_inputs(inputs: list[str]) -> list[Source]:
-    """The input files, in a fixed order: each folder's files sorted, globs sorted, duplicates dropped."""
-    found: dict[Path, None] = {}
-    for item in inputs:
-        path = Path(item)
-        if path.is_dir():
-            matches = sorted(p for p in path.rglob("*") if p.suffix in FORMATS and p.is_file())
-        elif path.is_file():
-            matches = [path]
-        else:
-            matches = sorted(Path(p) for p in glob.glob(item, recursive=True) if Path(p).is_file())
-            if not matches:
-                raise RecipeError(f"input {item!r}: no such file or folder, and no file matches it as a glob")
-        for match in matches:
-            if match.suffix not in FORMATS:
-                raise RecipeError(f"input {str(match)!r}: unsupported file type (use {', '.join(FORMATS)})")
-            found[match] = None
-    if not found:
-        raise RecipeError(f"inputs {' '.join(inputs)}: no {', '.join(FORMATS)} files found (empty input)")
-    return [Source(path, FORMATS[path.suffix]) for path in found]
-
-
-def check_text_field(sources: list[Source], text_field: str) -> None:
-    """Refuse, before anything is written, a .parquet file without the text column or a .jsonl whose first record lacks it."""
-    import pyarrow.parquet as pq
-
-    for source in sources:
-        if source.format == "parquet":
-            columns = pq.read_schema(source.path).names
-            if text_field not in columns:
-                raise RecipeError(
-                    f"{source.path}: no column {text_field!r} (columns: {', '.join(columns)}; choose with --text_field)"
-                )
-        elif source.format == "jsonl":
-            with source.path.open(encoding="utf-8") as lines:
-                for number, line in enumerate(lines, 1):
-                    if line.strip():
-                        _text_of(line, source.path, number, text_field)
-                        break
-
-
-def _text_of(line: str, path: Path, number: int, text_field: str) -> str:
-    try:
-        record = json.loads(line)
-    except ValueError as error:
-        raise RecipeError(f"{path}:{number}: not valid JSON ({error})") from None
-    text = record.get(text_field) if isinstance(record, dict) else None
-    if not isinstance(text, str):
-        keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-        raise RecipeError(f"{path}:{number}: no text field {text_field!r} (found: {keys}; choose with --text_field)")
-    return text
-
-
-def read_documents(source: Source, text_field: str) -> Iterator[tuple[str, int]]:
-    """(document, input bytes consumed) for every non-empty document of one file, in file order."""
-    if source.format == "txt":
-        text = source.path.read_text(encoding="utf-8", errors="replace")
-        if text:
-            yield text, source.path.stat().st_size
-    elif source.format == "jsonl":
-        with source.path.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, 1):
-                if line.strip() and (text := _text_of(line, source.path, number, text_field)):
-                    yield text, len(line)
-    else:
-        import pyarrow.parquet as pq
-
-        parquet = pq.ParquetFile(source.path)
-        bytes_per_row = source.path.stat().st_size / max(parquet.metadata.num_rows, 1)
-        for batch in parquet.iter_batches(columns=[text_field], batch_size=1024):
-            for text in batch.column(0).to_pylist():
-                if text:
-                    yield text, int(bytes_per_row)
-
-
-def iter_documents(sources: list[Source], text_field: str, progress: Progress | None = None) -> Iterator[str]:
-    """Every document of every source, in order; counts them per source."""
-    for source in sources:
-        source.documents = 0
-        for text, consumed in read_documents(source, text_field):
-            source.documents += 1
-            if progress is not None:
-                progress.advance(consumed)
-            yield text
-
-
-class Progress:
-    """A bar on a terminal, a plain line every LOG_EVERY_SECONDS otherwise (a log file, a batch job)."""
-
-    def __init__(self, total_bytes: int, enabled: bool) -> None:
-        self.total, self.done, self.tokens = total_bytes, 0, 0
-        self.bar = None
-        self.enabled = enabled
-        self._last_line = time.monotonic()
-        if enabled and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            # The size is read once; a terminal reporting 0 columns or rows (some ptys) would hide tqdm's bar.
-            columns, rows = shutil.get_terminal_size()
-            self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", file=sys.stderr,
-                            ncols=columns, nrows=rows)  # fmt: skip
-
-    def advance(self, consumed: int) -> None:
-        """Count input bytes read."""
-        self.done += consumed
-        if self.bar is not None:
-            self.bar.update(consumed)
-        elif self.enabled and time.monotonic() - self._last_line >= LOG_EVERY_SECONDS:
-            self._last_line = time.monotonic()
-            read = f"{self.done / 2**20:.0f} of {self.total / 2**20:.0f} MiB read"
-            print(f"prepare: {read}, {self.tokens:,} tokens written", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        """Remove the bar."""
-        if self.bar is not None:
-            self.bar.close()
+ENGINES = ("local", "ray")  # where tokenizing runs: processes on this machine, or Ray tasks (distributed.py)
 
 
 _worker_tokenizer: Tokenizer | None = None
@@ -192,17 +79,7 @@ def _start_worker(tokenizer_json: str, parent_pid: int) -> None:
 def _encode(texts: list[str], eos: int, dtype: str) -> np.ndarray:
     """Token ids of the documents, each followed by the end-of-document id (runs in a worker process)."""
     assert _worker_tokenizer is not None
-    # encode_batch_fast (tokenizers >= 0.21) gives the same ids without computing character offsets.
-    encode = getattr(_worker_tokenizer, "encode_batch_fast", _worker_tokenizer.encode_batch)
-    encodings = encode(texts, add_special_tokens=False)
-    tokens = np.empty(sum(len(encoding.ids) + 1 for encoding in encodings), dtype=dtype)
-    position = 0
-    for encoding in encodings:
-        ids = encoding.ids
-        tokens[position : position + len(ids)] = ids
-        tokens[position + len(ids)] = eos
-        position += len(ids) + 1
-    return tokens
+    return encode_documents(_worker_tokenizer, texts, eos, dtype)
 
 
 @contextmanager
@@ -223,19 +100,6 @@ def _sequential_tokenizers() -> Iterator[None]:
             os.environ["TOKENIZERS_PARALLELISM"] = previous
 
 
-def _batches(documents: Iterator[str]) -> Iterator[list[str]]:
-    batch: list[str] = []
-    size = 0
-    for text in documents:
-        batch.append(text)
-        size += len(text)
-        if size >= BATCH_CHARS:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
-
-
 def encode_to_shards(
     documents: Iterator[str], tokenizer: Tokenizer, eos: int, writer: ShardWriter, workers: int, progress: Progress
 ) -> None:
@@ -247,7 +111,7 @@ def encode_to_shards(
     initargs = (tokenizer_json, os.getpid())
     with _sequential_tokenizers(), ProcessPoolExecutor(workers, context, _start_worker, initargs) as pool:
         pending: deque = deque()
-        for batch in _batches(documents):
+        for batch in batches(documents):
             pending.append(pool.submit(_encode, batch, eos, dtype))
             if len(pending) > 2 * workers:  # bounded: reading stays a little ahead of tokenizing
                 _write(writer, pending.popleft().result(), progress)
@@ -270,44 +134,121 @@ def prepare(
     workers: int | None = None,
     shard_tokens: int = SHARD_TOKENS,
     progress: bool = True,
+    engine: str = "local",
+    tasks: int | None = None,
 ) -> dict[str, Any]:
-    """Tokenize the inputs into a prepared folder at `out`; return its manifest. Checks everything it can first."""
+    """Tokenize the inputs into a prepared folder at `out` (a folder or a URL); return its manifest.
+
+    Checks everything it can first. `engine="ray"` tokenizes in `tasks` Ray tasks (distributed.py);
+    the folder is the same, byte for byte.
+    """
     if (tokenizer_file is None) == (train_tokenizer is None):
         raise RecipeError("prepare needs exactly one of --tokenizer tokenizer.json or --train_tokenizer VOCAB_SIZE")
     if not 0 < val_fraction < 1:
         raise RecipeError(f"--val_fraction {val_fraction:g} must be in (0, 1)")
+    if engine not in ENGINES:
+        raise RecipeError(f"--engine {engine!r}: use one of {', '.join(ENGINES)}")
+    if engine == "ray":
+        if workers is not None:
+            raise RecipeError("--workers counts the processes of --engine local; with --engine ray, use --tasks")
+        from {{ cookiecutter.package_name }}.tasks.language_model.data.distributed import require_ray
+
+        require_ray()
+    elif tasks is not None:
+        raise RecipeError("--tasks counts the tasks of --engine ray; with --engine local, use --workers")
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if workers < 1 or shard_tokens < 1:
-        raise RecipeError(f"--workers {workers} and --shard_tokens {shard_tokens} must be >= 1")
-    target = Path(out)
-    if target.exists():
-        raise RecipeError(f"--out {out!r} already exists (choose another folder or delete it)")
+    if workers < 1 or shard_tokens < 1 or (tasks is not None and tasks < 1):
+        raise RecipeError(f"--workers {workers}, --tasks {tasks} and --shard_tokens {shard_tokens} must be >= 1")
+    destination = Destination(out)
     sources = find_inputs(inputs)
-    total_bytes = sum(source.path.stat().st_size for source in sources)
-    if total_bytes == 0:
+    if sum(source.size for source in sources) == 0:
         raise RecipeError(f"inputs {' '.join(inputs)}: all {len(sources)} files are empty (empty input)")
     check_text_field(sources, text_field)
     tokenizer = None if tokenizer_file is None else load_tokenizer(Path(tokenizer_file))
     if tokenizer is not None:
         eos_id(tokenizer, f"--tokenizer {tokenizer_file!r}")
 
-    partial = new_partial(target)
-    try:
-        if tokenizer is None:
-            tokenizer = train_byte_level_bpe(
-                iter_documents(sources, text_field), train_tokenizer or 0, progress and sys.stderr.isatty()
+    with destination.local_folder() as target:
+        partial = new_partial(target)
+        try:
+            if tokenizer is None:
+                tokenizer = train_byte_level_bpe(
+                    iter_documents(sources, text_field), train_tokenizer or 0, progress and sys.stderr.isatty()
+                )
+                _refuse_empty(sources, inputs)
+            parallel = Parallel(engine, workers, tasks or len(sources))
+            manifest = _write_folder(
+                partial, sources, tokenizer, text_field, val_fraction, parallel, shard_tokens, progress
             )
             _refuse_empty(sources, inputs)
-        manifest = _write_folder(partial, sources, tokenizer, text_field, val_fraction, workers, shard_tokens, progress)
-        _refuse_empty(sources, inputs)
-        manifest["tokenizer"]["trained_on_inputs"] = train_tokenizer is not None
-        (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        partial.rename(target)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+            manifest["tokenizer"]["trained_on_inputs"] = train_tokenizer is not None
+            (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            partial.rename(target)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        destination.upload(target)
     return manifest
+
+
+@dataclass
+class Parallel:
+    """How tokenizing is spread: `workers` processes here (local) or `tasks` Ray tasks (ray)."""
+
+    engine: str
+    workers: int
+    tasks: int
+
+
+class Destination:
+    """Where `--out` points: a local folder, or a URL (any fsspec protocol) that a local copy is uploaded to.
+
+    A URL's folder is written locally first (in a temporary folder under $TMPDIR, `OUT.partial` as
+    for a folder), then uploaded file by file with manifest.json last: a reader never finds a
+    manifest without its shards, and an interrupted upload leaves no manifest at the URL (a
+    prepared folder without one is refused, and `prepare` refuses to write over it).
+    """
+
+    def __init__(self, out: str) -> None:
+        self.out, self.fs, self.path = out, None, out
+        if "://" in out:
+            import fsspec
+
+            try:
+                self.fs, self.path = fsspec.core.url_to_fs(out)
+                exists = self.fs.exists(self.path)
+            except (ImportError, ValueError) as error:
+                raise RecipeError(f"--out {out!r}: {first_line(error)}") from None
+            except Exception as error:  # the filesystem's own: no network, no credentials
+                raise RecipeError(
+                    f"--out {out!r}: cannot reach it ({type(error).__name__}: {first_line(error)})"
+                ) from None
+        else:
+            exists = Path(out).exists()
+        if exists:
+            raise RecipeError(f"--out {out!r} already exists (choose another folder or delete it)")
+
+    @contextmanager
+    def local_folder(self) -> Iterator[Path]:
+        """The folder to write: `out` itself, or (a URL) one in a temporary folder, removed afterwards."""
+        if self.fs is None:
+            yield Path(self.out)
+            return
+        staging = Path(tempfile.mkdtemp(prefix="prepare-"))
+        try:
+            yield staging / "out"
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def upload(self, folder: Path) -> None:
+        """Copy a finished folder to the URL, the manifest last."""
+        if self.fs is None:
+            return
+        names = [*sorted(path.name for path in folder.iterdir() if path.name != MANIFEST), MANIFEST]
+        self.fs.makedirs(self.path, exist_ok=True)
+        for name in names:
+            self.fs.put_file(str(folder / name), f"{self.path.rstrip('/')}/{name}")
 
 
 def _refuse_empty(sources: list[Source], inputs: list[str]) -> None:
@@ -321,7 +262,7 @@ def _write_folder(
     tokenizer: Tokenizer,
     text_field: str,
     val_fraction: float,
-    workers: int,
+    parallel: Parallel,
     shard_tokens: int,
     show_progress: bool,
 ) -> dict[str, Any]:
@@ -332,9 +273,15 @@ def _write_folder(
     size = vocab_size(tokenizer)
     dtype = np.dtype(np.uint16 if size <= 1 << 16 else np.uint32)
     writer = ShardWriter(folder, dtype, shard_tokens)
-    progress = Progress(sum(source.path.stat().st_size for source in sources), enabled=show_progress)
+    progress = Progress(sum(source.size for source in sources), enabled=show_progress)
     try:
-        encode_to_shards(iter_documents(sources, text_field, progress), tokenizer, eos, writer, workers, progress)
+        if parallel.engine == "ray":
+            from {{ cookiecutter.package_name }}.tasks.language_model.data.distributed import encode_with_ray
+
+            encode_with_ray(sources, text_field, tokenizer, eos, writer, parallel.tasks, progress)
+        else:
+            documents = iter_documents(sources, text_field, progress)
+            encode_to_shards(documents, tokenizer, eos, writer, parallel.workers, progress)
     finally:
         progress.close()
     shards = writer.close()
@@ -361,8 +308,5 @@ def _write_folder(
             "documents": count_token(tokens.view(boundary, len(tokens)), eos),
         },
         "text_field": text_field,
-        "sources": [
-            {"path": str(s.path), "format": s.format, "bytes": s.path.stat().st_size, "documents": s.documents}
-            for s in sources
-        ],
+        "sources": [{"path": s.name(), "format": s.format, "bytes": s.size, "documents": s.documents} for s in sources],
     }
