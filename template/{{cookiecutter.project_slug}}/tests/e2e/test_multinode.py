@@ -189,7 +189,7 @@ def scontrol_stub(folder: Path) -> Path:
     return folder / "calls.txt"
 
 
-@pytest.mark.parametrize("signal_name", ["USR1", "TERM"])
+@pytest.mark.parametrize("signal_name", ["USR1", pytest.param("TERM", marks=pytest.mark.matrix)])
 def test_a_signal_saves_the_current_step_requeues_and_the_rerun_resumes_exactly(
     tmp_path: Path, reference: tuple, signal_name: str
 ) -> None:
@@ -236,7 +236,7 @@ def test_a_dead_worker_makes_the_other_node_exit_within_bounded_time(tmp_path: P
     assert seconds < 90, f"took {seconds:.0f} s"
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.matrix), "fsdp2"])
 def test_a_nan_loss_on_one_rank_stops_the_run_naming_the_step(tmp_path: Path, strategy: str) -> None:
     returncode, _, stderr = train(tmp_path, "--strategy.name", strategy, TRAIN_FAULT="nan-at-step:3")
     assert returncode == 3, stderr[-3000:]
@@ -246,7 +246,7 @@ def test_a_nan_loss_on_one_rank_stops_the_run_naming_the_step(tmp_path: Path, st
     assert [sorted(losses) for losses in losses_by_run(tmp_path)] == [[1, 2]]  # the logs up to the stop are kept
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.matrix), "fsdp2"])
 def test_a_nan_loss_on_one_rank_skips_that_update_on_every_rank(
     tmp_path: Path, reference: tuple, strategy: str
 ) -> None:
