@@ -6,9 +6,10 @@ next (`want`, a background thread). A file arrives as `<file>.partial`, is check
 manifest's SHA-256 as its bytes come in, then renamed into place, named by its digest (a changed
 corpus never reads a stale copy). The ranks of a node share the folder: one fetches a file (an
 fcntl lock per file), the others wait for it. Beyond the size bound, the files read least recently
-go first (their mtime), never one this process wants. A fetch that fails (connection dropped,
-timeout, bytes that differ) is tried again after a pause, a few times, then stops the run with one
-line. Credentials and endpoints come from the filesystem's usual environment and files (for S3:
+go first (their mtime), never one this process wants (while the ranks of a node move on to the next
+group at slightly different times, the group one of them still reads may pass the bound). A fetch
+that fails (connection dropped, timeout, bytes that differ) is tried again after a pause, a few
+times, then stops the run with one line. Credentials and endpoints come from the filesystem's usual environment and files (for S3:
 AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, ~/.aws/...), never from a recipe.
 """
 
