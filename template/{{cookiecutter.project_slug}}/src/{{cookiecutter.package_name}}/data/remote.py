@@ -151,7 +151,7 @@ class ShardCache:
         partial = target.with_name(target.name + ".partial")
         digest = hashlib.sha256()
         try:
-            with self.fs.open(f"{self.root}/{name}", "rb", block_size=PIECE) as source, partial.open("wb") as out:
+            with self.fs.open(f"{self.root}/{name}", "rb") as source, partial.open("wb") as out:
                 while piece := source.read(PIECE):
                     digest.update(piece)
                     out.write(piece)
