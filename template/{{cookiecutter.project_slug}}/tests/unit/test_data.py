@@ -180,6 +180,9 @@ def test_block_shuffle_is_the_same_for_any_process_count_and_resumes_exactly() -
     fresh = block_stream()
     fresh.load_state_dict(resumed.state_dict())
     assert all(torch.equal(fresh.next_step()[0][0], expected) for expected in sequence[110:])
+    other_groups = TrainBatches(TokenWindows(SHARDED, 16, blocks_per_group=3), 2, 1, dp_rank=0, dp_size=1, seed=7)
+    with pytest.raises(RecipeError, match="made with 2 blocks of samples shuffled together, this recipe's data"):
+        other_groups.load_state_dict(resumed.state_dict())
 
 
 def test_block_shuffle_tells_the_samples_which_shards_come_next() -> None:

@@ -168,7 +168,10 @@ class TrainBatches:
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs to continue the exact sequence."""
-        return {"samples_seen": self.samples_seen, "seed": self.seed, "num_samples": self.num_samples}
+        state = {"samples_seen": self.samples_seen, "seed": self.seed, "num_samples": self.num_samples}
+        if self.shuffle is not None:
+            state["blocks_per_group"] = self.shuffle.blocks_per_group
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved position; refuses a checkpoint made on different data."""
@@ -176,6 +179,12 @@ class TrainBatches:
             raise RecipeError(
                 f"checkpoint was made on data with {state['num_samples']} training samples, this recipe's data"
                 f" has {self.num_samples}: resume with the same data and the same model and data settings"
+            )
+        saved_group = state.get("blocks_per_group")
+        if self.shuffle is not None and saved_group is not None and saved_group != self.shuffle.blocks_per_group:
+            raise RecipeError(
+                f"checkpoint was made with {saved_group} blocks of samples shuffled together, this recipe's data"
+                f" shuffles {self.shuffle.blocks_per_group}: the order would differ (resume with the same data settings)"
             )
         self.samples_seen = int(state["samples_seen"])
         self.seed = int(state["seed"])
