@@ -96,3 +96,9 @@ def test_training_from_s3_matches_the_local_folder_resumes_bitwise_and_retries_a
     cached = sum(path.stat().st_size for path in cache.iterdir() if path.name.endswith(".bin"))
     assert 0 < cached <= CACHE_GB * 1e9 + 2 * SHARD_BYTES < sum(path.stat().st_size for path in prepared.glob("*.bin"))
     assert not list(cache.glob("*.partial"))
+
+    # `sample` decodes with the remote folder's tokenizer (fetched through the cache): the local run's text.
+    prompt = ["--prompt", "The fox", "--max_new_tokens", "8", "--temperature", "0"]
+    samples = [run_cli("sample", str(folder), *prompt) for folder in (run, tmp_path / "local")]
+    assert all(result.returncode == 0 for result in samples), samples[0].stderr[-2000:]
+    assert samples[0].stdout.startswith("The fox") and samples[0].stdout == samples[1].stdout

@@ -207,8 +207,7 @@ def open_remote(
     from {{ cookiecutter.package_name }}.data.remote import CachedShards, ShardCache
 
     cache = ShardCache(url, cache_dir, int(cache_gb * 1e9), field)
-    cache.fetch_small(MANIFEST)
-    manifest = read_manifest(cache.folder, field)
+    manifest = read_manifest(cache.fetch_small(MANIFEST).parent, field)
     itemsize = np.dtype(manifest["dtype"]).itemsize
     files = [Listed(shard["file"], shard["tokens"] * itemsize, shard["sha256"]) for shard in manifest["shards"]]
     found = cache.remote_sizes()
@@ -230,6 +229,15 @@ def open_remote(
     shards = CachedShards(cache, files, manifest["dtype"])
     tokens = ShardedTokens(shards, lengths=[shard["tokens"] for shard in manifest["shards"]], dtype=manifest["dtype"])
     return tokens, manifest, tokenizer
+
+
+def remote_tokenizer(url: str, cache_dir: Path, field: str = "data.path") -> tuple[Path, dict[str, Any]]:
+    """The local copy of a remote prepared folder's tokenizer (fetched into its cache, checked), and its manifest."""
+    from {{ cookiecutter.package_name }}.data.remote import ShardCache
+
+    cache = ShardCache(url, cache_dir, bound_bytes=1 << 62, field=field)  # adds one small file: evicts nothing
+    manifest = read_manifest(cache.fetch_small(MANIFEST).parent, field)
+    return cache.path(Listed(TOKENIZER, None, manifest["tokenizer"]["sha256"])), manifest
 
 
 def describe_folder(folder: Path) -> str:

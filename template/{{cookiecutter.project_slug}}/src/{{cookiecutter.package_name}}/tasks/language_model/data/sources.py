@@ -19,6 +19,7 @@ from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import (
     open_prepared,
     open_remote,
     read_manifest,
+    remote_tokenizer,
     verify,
 )
 from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import load_tokenizer, vocab_size
@@ -49,6 +50,8 @@ def make_demo_text(num_sentences: int = 6000, seed: int = 0) -> str:
 
 def load_tokens(config: DataConfig) -> np.ndarray | ShardedTokens:
     """All tokens of the data source as a 1-D integer array (a memory map for token files and prepared shards)."""
+    if config.source == "prepared" and is_url(config.path):
+        return open_remote(str(config.path), cache_folder(config), config.cache_gb, config.shuffle_blocks)[0]
     if config.source == "prepared":
         return open_prepared(Path(config.path or ""), checksums=hashed_here(config.verify))[0]
     if config.source == "embedded":
@@ -109,6 +112,14 @@ def cache_folder(config: DataConfig) -> Path:
     if config.cache_dir:
         return Path(config.cache_dir)
     return default_cache_dir(str(config.path), "{{ cookiecutter.project_slug }}")
+
+
+def prepared_tokenizer(config: DataConfig, field: str = "data.path") -> tuple[Path, dict[str, Any]]:
+    """A prepared folder's tokenizer.json as a local file, and its manifest (a remote folder's come from its cache)."""
+    if is_url(config.path):
+        return remote_tokenizer(str(config.path), cache_folder(config), field)
+    folder = Path(config.path or "")
+    return folder / TOKENIZER, read_manifest(folder, field)
 
 
 def describe_prepared(config: DataConfig, model: ModelConfig) -> str:
