@@ -7,7 +7,7 @@ any `Samples` of a task (tasks/base.py): `len()` and `batch(indices)`. Samples t
 crops, flips) also define `augmented_batch(indices, draws)`: the sampler passes each sample's global
 position g as its draw, so the augmentation is seeded by it and is as exactly resumable as the order.
 
-Samples that live in shards read from a bounded cache (prepared token shards) define `shuffle_blocks`
+Samples that live in shards read from a bounded cache (prepared token shards) define `block_shuffle`
 (a `BlockShuffle`) and the order is a shard-block shuffle instead, so that a stretch of training reads a
 few shards rather than all of them. Their samples are cut into blocks of consecutive samples (about one
 shard each); every epoch permutes the blocks, then permutes the samples of each group of G consecutive
@@ -94,7 +94,7 @@ class TrainBatches:
         self.num_samples = len(samples)
         self.samples_seen = 0
         self._order: tuple[int, np.ndarray] | None = None
-        self.shuffle: BlockShuffle | None = getattr(samples, "shuffle_blocks", None)
+        self.shuffle: BlockShuffle | None = getattr(samples, "block_shuffle", None)
         self._blocks: dict[int, _BlockOrder] = {}  # epoch -> its block order (this epoch's and the next)
         self._told: tuple[int, int] | None = None  # (epoch, group) the samples last heard about in will_read
 

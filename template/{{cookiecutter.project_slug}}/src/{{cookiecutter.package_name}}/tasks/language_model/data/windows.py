@@ -24,11 +24,11 @@ class TokenWindows:
     def __init__(self, tokens: Any, block_size: int, blocks_per_group: int | None = None) -> None:
         self.tokens = tokens
         self.block_size = block_size
-        self.shuffle_blocks: BlockShuffle | None = None  # None: the sampler permutes every window of an epoch
+        self.block_shuffle: BlockShuffle | None = None  # None: the sampler permutes every window of an epoch
         if blocks_per_group is not None and hasattr(tokens, "shard_starts"):
             starts = -(-tokens.shard_starts() // block_size)  # the first window that starts in each shard
             starts = np.unique(starts[starts < len(self)])
-            self.shuffle_blocks = BlockShuffle(starts, blocks_per_group)
+            self.block_shuffle = BlockShuffle(starts, blocks_per_group)
 
     def __len__(self) -> int:
         return (len(self.tokens) - 1) // self.block_size
@@ -41,9 +41,9 @@ class TokenWindows:
 
     def will_read(self, blocks: Sequence[int]) -> None:
         """The sampler's blocks read next: the token ranges they span go to the shards (a cache fetches them)."""
-        if self.shuffle_blocks is None:
+        if self.block_shuffle is None:
             return
-        starts = self.shuffle_blocks.block_starts
+        starts = self.block_shuffle.block_starts
         ends = [*starts[1:], len(self)]
         size = self.block_size
         self.tokens.will_read([(int(starts[b]) * size, int(ends[b]) * size + 1) for b in blocks])
