@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,10 +121,12 @@ class ShardCache:
             listed = self._queue.get()
             if self.local_name(listed) not in self._wanted:
                 continue  # no longer next
-            with contextlib.suppress(RecipeError):  # the reader fetches it itself and reports the failure
+            # A failure here (after its retries) is not the end of the run: the reader fetches the shard itself when it
+            # needs it, and reports what stops it; the thread goes on with the next shard.
+            with contextlib.suppress(Exception):
                 self.path(listed)
 
-    def _with_retries(self, name: str, fetch: Any) -> None:
+    def _with_retries(self, name: str, fetch: Callable[[], None]) -> None:
         pause = FIRST_PAUSE_S
         for attempt in range(1, TRIES + 1):
             try:
