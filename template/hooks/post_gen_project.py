@@ -24,13 +24,13 @@ TASK_FILES = {
     "language_model": [
         "benchmarks",
         *(f"scripts/{name}.sh" for name in ("gpu_bench", "gpu_session")),
-        "tests/corpus.py",
-        *(f"tests/unit/test_{name}.py" for name in ("data", "hf", "models", "prepare", "prepare_benchmark", "sample")),
-        *(f"tests/unit/test_{name}.py" for name in ("prepare_sources", "prepare_ray")),
+        *(f"tests/{name}.py" for name in ("corpus", "s3")),
+        *(f"tests/unit/test_{name}.py" for name in ("data", "shard_cache", "hf", "models", "prepare", "sample")),
+        *(f"tests/unit/test_{name}.py" for name in ("prepare_benchmark", "prepare_sources", "prepare_ray")),
         *(f"tests/unit/test_{name}.py" for name in ("sizing", "observe", "plan", "strategy_recipes")),
         *(f"tests/e2e/test_{name}.py" for name in ("llama", "prepared_training", "benchmarks", "bad_input")),
         *(f"tests/e2e/test_{name}.py" for name in ("checkpoint_cli", "mixed_precision", "plan_written", "resume")),
-        "tests/e2e/test_strategies.py",
+        *(f"tests/e2e/test_{name}.py" for name in ("strategies", "remote_corpus")),
     ],
     "image_classification": [
         *(f"tests/unit/test_{name}.py" for name in ("vit", "vit_sizing", "image_data", "image_commands")),

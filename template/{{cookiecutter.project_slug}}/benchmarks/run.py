@@ -14,6 +14,8 @@ median over repeats and the spread (min..max). The workers are the other files o
     step_sync.py      one fused all_reduce per step against one collective per decision
     training_defaults.py  AdamW's fused kernel against torch's default; selective activation checkpointing
                       against full and none (time, and the bytes held for backward)
+    shard_cache.py    data wait per step through the shard cache from S3 (moto on localhost), cold and warm,
+                      against the same folder read locally
 The start-up figures are measured here: command to first optimizer step against `import torch, lightning`,
 and the same on prepared corpora of 1, 4 and 16 GB (sparse shards: no disk used, nothing read at start).
 """
@@ -64,6 +66,8 @@ FIGURES: list[tuple[str, str, tuple[str, float] | None]] = [
     ("first_step_16gb_vs_1gb", "command to first step, prepared corpus of 16 GB / of 1 GB", ("<=", 1.5)),
     ("first_step_4gb_vs_1gb", "command to first step, prepared corpus of 4 GB / of 1 GB", ("<=", 1.5)),
     ("first_step_verify_full_vs_sizes", "command to first step, 1 GB, data.verify full / sizes (default)", None),
+    ("cache_cold_vs_local", "data wait per step, remote folder through an empty cache / local", None),
+    ("cache_warm_vs_local", "data wait per step, remote folder through a filled cache / local", None),
     ("adamw_vs_previous_default", "AdamW step time, the project's (fused) / torch's default AdamW", ("<=", 1.0)),
     ("adamw_foreach_vs_previous_default", "AdamW step time, foreach / torch's default AdamW", None),
     ("selective_ac_held_vs_none", "bytes held for backward, selective checkpointing / none", ("<=", 1.0)),
@@ -336,6 +340,16 @@ def corpus_startup_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any
     return figures if quick else {**figures, "first_step_4gb_vs_1gb": ratio("4", "1")}
 
 
+def shard_cache_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any]]:
+    """Data wait per step reading a prepared folder from S3 through the shard cache, cold and warm, / local."""
+    result = run_worker("shard_cache.py", "--repeats", str(repeats), *(["--quick"] if quick else []))
+    details = {key: result[key] for key in ("seconds_per_step", "shards", "shard_bytes", "steps", "step_ms")}
+    return {
+        "cache_cold_vs_local": {**summary(result["cold_vs_local"]), **details},
+        "cache_warm_vs_local": summary(result["warm_vs_local"]),
+    }
+
+
 def met(value: float, target: tuple[str, float] | None) -> str:
     if target is None:
         return ""
@@ -384,6 +398,7 @@ def main() -> None:
         ("start-up", lambda: figures.update(startup_vs_import=startup_figure(args.quick, repeats))),
         ("corpus start-up", lambda: figures.update(corpus_startup_figures(args.quick, repeats))),
         ("training defaults", lambda: figures.update(training_default_figures(args.quick, repeats))),
+        ("shard cache", lambda: figures.update(shard_cache_figures(args.quick, repeats))),
     ]
     seconds = {}
     for name, measure in sections:

@@ -32,6 +32,8 @@ KEYS = {
     "adamw_vs_previous_default",
     "selective_ac_held_vs_none",
     "selective_ac_step_vs_full",
+    "cache_cold_vs_local",
+    "cache_warm_vs_local",
 }
 
 

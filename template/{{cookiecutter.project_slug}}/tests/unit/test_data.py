@@ -12,6 +12,7 @@ from {{ cookiecutter.package_name }}.data.sampler import TrainBatches, validatio
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.language_model.config import DataConfig
 from {{ cookiecutter.package_name }}.tasks.language_model.data import load_tokens, make_demo_text, split_tokens
+from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import ShardedTokens
 from {{ cookiecutter.package_name }}.tasks.language_model.data.windows import TokenWindows
 
 TOKENS = np.arange(10_000, dtype=np.int64) % 251
@@ -128,3 +129,73 @@ def test_a_manifest_naming_a_file_outside_its_folder_is_refused(tmp_path: Path, 
     manifest = {"dtype": "uint16", "tokenizer": {"sha256": ""}, "shards": [{"file": name, "tokens": 4, "sha256": ""}]}
     with pytest.raises(RecipeError, match="not a file in the folder"):
         verify(tmp_path, manifest, checksums=False)
+
+
+# The shard-block shuffle: 10 shards of 400 tokens (the last 401) seen as one array, windows of 16 tokens (25 a
+# shard, a block); token t is t.
+DISTINCT = np.arange(4001, dtype=np.int64)
+PIECES = [DISTINCT[i : i + 400] for i in range(0, 3600, 400)] + [DISTINCT[3600:]]
+SHARDED = ShardedTokens(PIECES)
+
+
+def block_stream(dp_rank: int = 0, dp_size: int = 1, tokens: ShardedTokens = SHARDED) -> TrainBatches:
+    return TrainBatches(
+        TokenWindows(tokens, block_size=16, blocks_per_group=2),
+        micro_batch_size=2,
+        grad_accum_steps=1,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        seed=7,
+    )
+
+
+def test_block_shuffle_is_a_permutation_per_epoch_whose_groups_read_few_shards() -> None:
+    batches = block_stream()
+    windows = batches.num_samples
+    assert windows == 250 and batches.shuffle is not None
+    order = [batches._sample_of(g) for g in range(2 * windows)]
+    first, second = order[:windows], order[windows:]
+    assert sorted(first) == list(range(windows)) and sorted(second) == list(range(windows))
+    assert first != second and first != sorted(first)
+    for epoch in (first, second):  # 2 blocks of 25 windows a group: each group's windows start in 2 shards only
+        groups = [epoch[start : start + 50] for start in range(0, windows, 50)]
+        assert all(len({window * 16 // 400 for window in group}) <= 2 for group in groups)
+        assert any(group != sorted(group) for group in groups)  # windows shuffled inside a group
+    assert len({window * 16 // 400 for window in first[: windows // 2]}) > 3  # the epoch still goes everywhere
+
+
+def test_block_shuffle_is_the_same_for_any_process_count_and_resumes_exactly() -> None:
+    whole = [block_stream()._sample_of(g) for g in range(600)]  # 600 windows: past an epoch boundary
+    for dp_size in (1, 2):
+        ranks = [block_stream(rank, dp_size) for rank in range(dp_size)]
+        seen: list[int] = []
+        for _ in range(600 // (2 * dp_size)):
+            seen += [int(row[0]) // 16 for rank in ranks for row in rank.next_step()[0][0]]
+        assert seen == whole
+    uninterrupted = block_stream()
+    sequence = [uninterrupted.next_step()[0][0] for _ in range(300)]
+    resumed = block_stream()
+    for _ in range(110):
+        resumed.next_step()
+    fresh = block_stream()
+    fresh.load_state_dict(resumed.state_dict())
+    assert all(torch.equal(fresh.next_step()[0][0], expected) for expected in sequence[110:])
+    other_groups = TrainBatches(TokenWindows(SHARDED, 16, blocks_per_group=3), 2, 1, dp_rank=0, dp_size=1, seed=7)
+    with pytest.raises(RecipeError, match="made with 2 blocks of samples shuffled together, this recipe's data"):
+        other_groups.load_state_dict(resumed.state_dict())
+
+
+def test_block_shuffle_tells_the_samples_which_shards_come_next() -> None:
+    told: list[list[int]] = []
+
+    class Watched(list):
+        def will_read(self, shards: list[int]) -> None:
+            told.append(shards)
+
+    batches = block_stream(tokens=ShardedTokens(Watched(PIECES)))
+    for _ in range(200):
+        inputs = batches.next_step()[0][0]
+        shards = {min(int(token) // 400, 9) for row in inputs for token in (row[0], row[-1] + 1)}
+        assert shards <= set(told[-1])  # told before the step read them
+    # Told once a group (~25 steps), each time this group's shards and the next group's: at most 2 x 2 x 2.
+    assert 5 < len(told) < 20 and all(len(shards) <= 8 for shards in told)

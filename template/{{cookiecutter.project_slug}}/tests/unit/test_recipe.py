@@ -108,6 +108,10 @@ def test_print_config_shows_the_resolved_recipe() -> None:
         ({"devices": 0}, "devices"),
         ({"model": {"n_head": 3}}, "model.n_head"),
         ({"data": {"val_fraction": 1.5}}, "data.val_fraction"),
+{%- if cookiecutter.task == "language_model" %}
+        ({"data": {"shuffle_blocks": 0}}, "data.shuffle_blocks"),
+        ({"data": {"cache_gb": 0.0}}, "data.cache_gb"),
+{%- endif %}
         ({"data": {"source": "{% if cookiecutter.task == "language_model" %}tokens{% else %}prepared{% endif %}"}}, "data.path"),
         ({"train": {"learning_rate": 0.0}}, "train.learning_rate"),
     ],

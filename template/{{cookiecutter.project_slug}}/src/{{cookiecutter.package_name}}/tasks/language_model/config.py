@@ -97,7 +97,11 @@ class DataConfig:
         source: embedded (a corpus made in code, offline, no download), text (a folder of .txt
             files, byte-level tokens), tokens (a flat binary file of token ids, read by memory map)
             or prepared (a folder written by `prepare`: token shards, tokenizer, manifest).
-        path: The folder (text, prepared) or file (tokens); unused for embedded.
+        path: The folder (text, prepared) or file (tokens); unused for embedded. A prepared folder may
+            also be a URL (s3://bucket/corpus, gs://..., hf://datasets/..., any fsspec protocol whose
+            package is installed; `pip install .[s3]` for S3): its shards are read through a node-local
+            cache (cache_dir, cache_gb). Credentials and endpoints come from the environment and the
+            protocol's usual files (for S3: AWS_* variables, ~/.aws), never from the recipe.
         token_dtype: Integer type of the token file (uint16 for vocabularies up to 65536); a
             prepared folder states its own.
         val_fraction: Fraction of the tokens held out, at the end, for validation; a prepared
@@ -105,7 +109,17 @@ class DataConfig:
         verify: What a run checks of a prepared folder before its first step: sizes (the manifest
             and every file's size: a stat per file, whatever the corpus's size) or full (also every
             byte against its SHA-256, on local rank 0 of each node: about a second per GB). `data
-            verify PATH` does the full check once, with a progress bar.
+            verify PATH` does the full check once, with a progress bar. A remote folder's files are
+            checked against their SHA-256 as they arrive, whatever this says.
+        shuffle_blocks: The order of a prepared folder's windows (local or remote): the windows that
+            start in one shard form a block; each epoch permutes the blocks, then the windows of each
+            group of shuffle_blocks consecutive blocks among themselves. Larger mixes more; a remote
+            corpus's cache must hold two groups (the one read and the one fetched ahead).
+        cache_dir: Where a remote folder's shards are cached on each node (shared by its ranks); null:
+            $TMPDIR/<project>-shards/<hash of the URL>.
+        cache_gb: Size bound of that cache in GB; the least recently read shards go first. It must
+            hold 2 x 2 x shuffle_blocks of the largest shard (a block may read the start of the next
+            shard); the run refuses to start otherwise.
     """
 
     source: Literal["embedded", "text", "tokens", "prepared"] = "embedded"
@@ -113,6 +127,9 @@ class DataConfig:
     token_dtype: Literal["uint16", "uint32"] = "uint16"
     val_fraction: float = 0.1
     verify: Literal["sizes", "full"] = "sizes"
+    shuffle_blocks: int = 8
+    cache_dir: str | None = None
+    cache_gb: float = 50.0
 
 
 @dataclass

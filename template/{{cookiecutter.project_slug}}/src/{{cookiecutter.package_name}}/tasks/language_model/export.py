@@ -43,12 +43,23 @@ def copy_tokenizer(recipe: Recipe, folder: Path) -> int | None:
     """Copy the prepared folder's tokenizer (if the run trained on one and it is there); its EOS id, or None."""
     if recipe.data.source != "prepared" or not recipe.data.path:
         return None
+    from {{ cookiecutter.package_name }}.data.remote import is_url
+    from {{ cookiecutter.package_name }}.tasks.language_model.data.sources import prepared_tokenizer
+
     prepared = Path(recipe.data.path)
-    if not (prepared / TOKENIZER).is_file():
+    if is_url(recipe.data.path):  # a remote folder's tokenizer comes through its cache
+        try:
+            source, manifest = prepared_tokenizer(recipe.data)
+        except RecipeError as error:
+            print(f"note: {error}: exported without a tokenizer")
+            return None
+    elif not (prepared / TOKENIZER).is_file():
         print(f"note: no {prepared / TOKENIZER} from here: exported without a tokenizer")
         return None
-    shutil.copyfile(prepared / TOKENIZER, folder / TOKENIZER)
-    tokenizer = json.loads((prepared / MANIFEST).read_text())["tokenizer"]
+    else:
+        source, manifest = prepared / TOKENIZER, json.loads((prepared / MANIFEST).read_text())
+    shutil.copyfile(source, folder / TOKENIZER)
+    tokenizer = manifest["tokenizer"]
     settings = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": recipe.model.block_size,

@@ -10,7 +10,6 @@ checkpoint argument is read by checkpoint/layout.py's `resolve_checkpoint`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,12 +26,11 @@ def text_codec(recipe: Recipe) -> tuple[Callable[[str], list[int]], Callable[[li
     if recipe.data.source in ("embedded", "text"):
         return (lambda text: list(text.encode("utf-8"))), _decode_bytes, None
     if recipe.data.source == "prepared":
-        from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import TOKENIZER, read_manifest
+        from {{ cookiecutter.package_name }}.tasks.language_model.data.sources import prepared_tokenizer
         from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import load_tokenizer
 
-        folder = Path(recipe.data.path or "")
-        manifest = read_manifest(folder, field="the checkpoint's data.path")
-        tokenizer = load_tokenizer(folder / TOKENIZER, option="tokenizer")
+        path, manifest = prepared_tokenizer(recipe.data, field="the checkpoint's data.path")  # fetched if remote
+        tokenizer = load_tokenizer(path, option="tokenizer")
         return (
             lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
             lambda ids: tokenizer.decode(ids, skip_special_tokens=False),

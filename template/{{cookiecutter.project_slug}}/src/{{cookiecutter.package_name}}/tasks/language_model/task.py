@@ -58,6 +58,10 @@ class LanguageModel(Task):
             raise RecipeError(f"model.n_head={model.n_head} does not divide model.n_embd={model.n_embd}")
         if not 0 < data.val_fraction < 1:
             raise RecipeError(f"data.val_fraction={data.val_fraction} must be in (0, 1)")
+        if data.shuffle_blocks < 1:
+            raise RecipeError(f"data.shuffle_blocks={data.shuffle_blocks} must be >= 1")
+        if not data.cache_gb > 0:
+            raise RecipeError(f"data.cache_gb={data.cache_gb} must be > 0")
         if data.source != "embedded" and not data.path:
             raise RecipeError(f"data.path is required when data.source={data.source}")
         if data.source in ("embedded", "text") and model.vocab_size < 256:
@@ -112,7 +116,9 @@ class LanguageModel(Task):
 
         train, validation = load_splits(self.recipe.data, self.recipe.model)
         block_size = self.recipe.model.block_size
-        return Splits(TokenWindows(train, block_size), TokenWindows(validation, block_size))
+        # Prepared shards are read in the shard-block order (data/sampler.py); the other sources keep a full shuffle.
+        blocks = self.recipe.data.shuffle_blocks if self.recipe.data.source == "prepared" else None
+        return Splits(TokenWindows(train, block_size, blocks), TokenWindows(validation, block_size))
 
     def loss(self, model: Any, batch: Any) -> torch.Tensor:
         import torch.nn.functional as F

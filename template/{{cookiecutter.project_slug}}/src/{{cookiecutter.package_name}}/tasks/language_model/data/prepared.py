@@ -30,18 +30,52 @@ class ShardedTokens:
 
     This is all the sampler needs, so a corpus of many shards keeps the exact-resume order of one
     array: window i starts at token i * block_size of the whole, wherever the shard boundaries fall.
+    The shards are any sequence of arrays: memory maps of a local folder, or a remote corpus's shards
+    opened from a node-local cache as they are first read (given with their `lengths` and `dtype`, so
+    that nothing is fetched to learn them).
     """
 
-    def __init__(self, shards: Sequence[np.ndarray], start: int = 0, stop: int | None = None) -> None:
+    def __init__(
+        self,
+        shards: Sequence[np.ndarray],
+        start: int = 0,
+        stop: int | None = None,
+        lengths: Sequence[int] | None = None,
+        dtype: Any = None,
+    ) -> None:
         self.shards = shards
-        self.offsets = np.cumsum([0] + [len(shard) for shard in shards])  # offsets[i]: first token of shard i
+        lengths = [len(shard) for shard in shards] if lengths is None else lengths
+        self.offsets = np.cumsum([0, *lengths])  # offsets[i]: first token of shard i
         self.start = start
         self.stop = int(self.offsets[-1]) if stop is None else stop
+        if dtype is None:
+            dtype = shards[0].dtype if len(lengths) else np.uint16
+        self._dtype = np.dtype(dtype)
 
     @property
     def dtype(self) -> np.dtype:
         """The shards' integer type."""
-        return self.shards[0].dtype if self.shards else np.dtype(np.uint16)
+        return self._dtype
+
+    def shard_starts(self) -> np.ndarray:
+        """Where each shard that overlaps this array begins, in this array's positions (the first clipped to 0)."""
+        first, last = self._shard_of(self.start), self._shard_of(max(self.start, self.stop - 1))
+        return np.clip(self.offsets[first : last + 1] - self.start, 0, None)
+
+    def will_read(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Token ranges [start, stop) read next, in order: shards that come from a cache are fetched ahead and kept."""
+        hint = getattr(self.shards, "will_read", None)
+        if hint is None:
+            return
+        shards: list[int] = []
+        for start, stop in ranges:
+            stop = min(stop, len(self))
+            if start < stop:
+                shards += range(self._shard_of(self.start + start), self._shard_of(self.start + stop - 1) + 1)
+        hint(list(dict.fromkeys(shards)))
+
+    def _shard_of(self, token: int) -> int:
+        return int(np.searchsorted(self.offsets, token, side="right")) - 1
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -50,7 +84,8 @@ class ShardedTokens:
         """Tokens [start, stop) of this array, without copying."""
         if not 0 <= start <= stop <= len(self):
             raise IndexError(f"view [{start}, {stop}) outside [0, {len(self)})")
-        return ShardedTokens(self.shards, self.start + start, self.start + stop)
+        lengths = np.diff(self.offsets).tolist()
+        return ShardedTokens(self.shards, self.start + start, self.start + stop, lengths=lengths, dtype=self.dtype)
 
     def __getitem__(self, index: slice) -> np.ndarray:
         if not isinstance(index, slice) or index.step not in (None, 1):
@@ -58,7 +93,7 @@ class ShardedTokens:
         start, stop, _ = index.indices(len(self))
         start, stop = self.start + start, self.start + max(start, stop)
         parts = []
-        shard = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        shard = self._shard_of(start)
         while start < stop:
             offset = int(self.offsets[shard])
             end = min(stop, int(self.offsets[shard + 1]))
@@ -161,6 +196,48 @@ def open_prepared(
     verify(folder, manifest, checksums=checksums, field=field)
     shards = [np.memmap(folder / shard["file"], dtype=manifest["dtype"], mode="r") for shard in manifest["shards"]]
     return ShardedTokens(shards), manifest
+
+
+def open_remote(
+    url: str, cache_dir: Path, cache_gb: float, shuffle_blocks: int, field: str = "data.path"
+) -> tuple[ShardedTokens, dict[str, Any], Path]:
+    """A prepared folder at a URL: its tokens read through a node-local cache (data/remote.py), its manifest, and
+    the local copy of its tokenizer. Checked first: the manifest, every shard's size (one listing) and the cache's
+    room for the shards the order reads at once."""
+    from {{ cookiecutter.package_name }}.data.remote import CachedShards, ShardCache
+
+    cache = ShardCache(url, cache_dir, int(cache_gb * 1e9), field)
+    manifest = read_manifest(cache.fetch_small(MANIFEST).parent, field)
+    itemsize = np.dtype(manifest["dtype"]).itemsize
+    files = [Listed(shard["file"], shard["tokens"] * itemsize, shard["sha256"]) for shard in manifest["shards"]]
+    found = cache.remote_sizes()
+    for name, size, _ in files:
+        if found.get(name) != size:
+            state = "missing" if name not in found else f"{found[name]} bytes, {MANIFEST} says {size}"
+            raise RecipeError(f"{field}={url!r}: {name} is {state} (prepare again)")
+    # A group of blocks reads up to two shards a block (a window crosses into the next shard); one group is read
+    # while the next is fetched, and both must stay.
+    largest = max((size or 0 for _, size, _ in files), default=0)
+    needed = 2 * 2 * shuffle_blocks * largest
+    if needed > cache_gb * 1e9:
+        raise RecipeError(
+            f"data.cache_gb={cache_gb:g} is too small for data.shuffle_blocks={shuffle_blocks} on {url}: two groups of"
+            f" {shuffle_blocks} blocks need up to {needed / 1e9:.6g} GB (raise data.cache_gb to at least that, or"
+            " lower data.shuffle_blocks)"
+        )
+    tokenizer = cache.path(Listed(TOKENIZER, None, manifest["tokenizer"]["sha256"]))
+    shards = CachedShards(cache, files, manifest["dtype"])
+    tokens = ShardedTokens(shards, lengths=[shard["tokens"] for shard in manifest["shards"]], dtype=manifest["dtype"])
+    return tokens, manifest, tokenizer
+
+
+def remote_tokenizer(url: str, cache_dir: Path, field: str = "data.path") -> tuple[Path, dict[str, Any]]:
+    """The local copy of a remote prepared folder's tokenizer (fetched into its cache, checked), and its manifest."""
+    from {{ cookiecutter.package_name }}.data.remote import ShardCache
+
+    cache = ShardCache(url, cache_dir, bound_bytes=1 << 62, field=field)  # adds one small file: evicts nothing
+    manifest = read_manifest(cache.fetch_small(MANIFEST).parent, field)
+    return cache.path(Listed(TOKENIZER, None, manifest["tokenizer"]["sha256"])), manifest
 
 
 def describe_folder(folder: Path) -> str:

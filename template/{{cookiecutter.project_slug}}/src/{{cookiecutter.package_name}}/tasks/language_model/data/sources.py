@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from {{ cookiecutter.package_name }}.data.remote import default_cache_dir, is_url
 from {{ cookiecutter.package_name }}.data.shards import hashed_here
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.language_model.config import DataConfig, ModelConfig
@@ -16,7 +17,9 @@ from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import (
     ShardedTokens,
     describe_folder,
     open_prepared,
+    open_remote,
     read_manifest,
+    remote_tokenizer,
     verify,
 )
 from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import load_tokenizer, vocab_size
@@ -47,6 +50,8 @@ def make_demo_text(num_sentences: int = 6000, seed: int = 0) -> str:
 
 def load_tokens(config: DataConfig) -> np.ndarray | ShardedTokens:
     """All tokens of the data source as a 1-D integer array (a memory map for token files and prepared shards)."""
+    if config.source == "prepared" and is_url(config.path):
+        return open_remote(str(config.path), cache_folder(config), config.cache_gb, config.shuffle_blocks)[0]
     if config.source == "prepared":
         return open_prepared(Path(config.path or ""), checksums=hashed_here(config.verify))[0]
     if config.source == "embedded":
@@ -87,8 +92,14 @@ def load_splits(config: DataConfig, model: ModelConfig) -> tuple[Any, Any]:
                 f" (set model.vocab_size >= {largest + 1}, or check data.token_dtype={config.token_dtype})"
             )
         return split_tokens(tokens, config.val_fraction, model.block_size)
-    tokens, manifest = open_prepared(Path(config.path or ""), checksums=hashed_here(config.verify))
-    _check_vocab_size(config, model, manifest)
+    if is_url(config.path):
+        tokens, manifest, tokenizer = open_remote(
+            str(config.path), cache_folder(config), config.cache_gb, config.shuffle_blocks
+        )
+    else:
+        tokens, manifest = open_prepared(Path(config.path or ""), checksums=hashed_here(config.verify))
+        tokenizer = Path(config.path or "") / TOKENIZER
+    _check_vocab_size(config, model, manifest, tokenizer)
     boundary = manifest["validation"]["first_token"]
     train, val = tokens.view(0, boundary), tokens.view(boundary, len(tokens))
     return _long_enough(
@@ -96,23 +107,40 @@ def load_splits(config: DataConfig, model: ModelConfig) -> tuple[Any, Any]:
     )
 
 
+def cache_folder(config: DataConfig) -> Path:
+    """The node-local cache of a remote prepared folder: data.cache_dir, or one under $TMPDIR named by the URL."""
+    if config.cache_dir:
+        return Path(config.cache_dir)
+    return default_cache_dir(str(config.path), "{{ cookiecutter.project_slug }}")
+
+
+def prepared_tokenizer(config: DataConfig, field: str = "data.path") -> tuple[Path, dict[str, Any]]:
+    """A prepared folder's tokenizer.json as a local file, and its manifest (a remote folder's come from its cache)."""
+    if is_url(config.path):
+        return remote_tokenizer(str(config.path), cache_folder(config), field)
+    folder = Path(config.path or "")
+    return folder / TOKENIZER, read_manifest(folder, field)
+
+
 def describe_prepared(config: DataConfig, model: ModelConfig) -> str:
     """One line on a recipe's prepared folder (for `recipes validate`); refuses one the model cannot train on.
 
     Checks the manifest, the files' sizes and the vocabulary, not the checksums (`data verify` does): it is quick.
     """
+    if is_url(config.path):
+        return f"data: the prepared folder at {config.path} (checked when training starts; read through {cache_folder(config)})"
     folder = Path(config.path or "")
     if not folder.exists() and not folder.with_name(folder.name + ".partial").exists():
         return f"data: {folder} is not prepared yet (prepare INPUTS --out {folder} before training)"
     verify(folder, read_manifest(folder), checksums=False)
-    _check_vocab_size(config, model, read_manifest(folder))
+    _check_vocab_size(config, model, read_manifest(folder), folder / TOKENIZER)
     return f"data: {describe_folder(folder)} at {folder}"
 
 
-def _check_vocab_size(config: DataConfig, model: ModelConfig, manifest: dict[str, Any]) -> None:
+def _check_vocab_size(config: DataConfig, model: ModelConfig, manifest: dict[str, Any], tokenizer: Path) -> None:
     """The model must hold every id of the folder's own tokenizer.json (read, not the manifest's claim) and the
     largest id `prepare` wrote (counted while writing the shards, which their digests tie to)."""
-    vocabulary = vocab_size(load_tokenizer(Path(config.path or "") / TOKENIZER, "data.path"))
+    vocabulary = vocab_size(load_tokenizer(tokenizer, "data.path"))
     largest = int(manifest.get("max_token_id", -1))
     needed = max(vocabulary, largest + 1)
     if model.vocab_size < needed:

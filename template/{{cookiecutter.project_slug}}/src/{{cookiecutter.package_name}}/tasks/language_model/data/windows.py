@@ -2,6 +2,9 @@
 
 Window i is tokens [i * block_size, (i + 1) * block_size] of the stream: a numpy array, a memory map,
 or prepared shards seen as one array (anything with len() and contiguous slices).
+
+Over prepared shards the windows are read in the sampler's shard-block shuffle (data/sampler.py): a
+block is the windows that start in one shard, and `blocks_per_group` blocks are shuffled together.
 """
 
 from __future__ import annotations
@@ -12,13 +15,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from {{ cookiecutter.package_name }}.data.sampler import BlockShuffle
+
 
 class TokenWindows:
     """Consecutive, non-overlapping windows of a token stream; a batch is (inputs, targets), each (batch, block_size)."""
 
-    def __init__(self, tokens: Any, block_size: int) -> None:
+    def __init__(self, tokens: Any, block_size: int, blocks_per_group: int | None = None) -> None:
         self.tokens = tokens
         self.block_size = block_size
+        self.block_shuffle: BlockShuffle | None = None  # None: the sampler permutes every window of an epoch
+        if blocks_per_group is not None and hasattr(tokens, "shard_starts"):
+            starts = -(-tokens.shard_starts() // block_size)  # the first window that starts in each shard
+            starts = np.unique(starts[starts < len(self)])
+            self.block_shuffle = BlockShuffle(starts, blocks_per_group)
 
     def __len__(self) -> int:
         return (len(self.tokens) - 1) // self.block_size
@@ -28,6 +38,15 @@ class TokenWindows:
         start = index * self.block_size
         chunk = np.asarray(self.tokens[start : start + self.block_size + 1], dtype=np.int64)
         return chunk[:-1], chunk[1:]
+
+    def will_read(self, blocks: Sequence[int]) -> None:
+        """The sampler's blocks read next: the token ranges they span go to the shards (a cache fetches them)."""
+        if self.block_shuffle is None:
+            return
+        starts = self.block_shuffle.block_starts
+        ends = [*starts[1:], len(self)]
+        size = self.block_size
+        self.tokens.will_read([(int(starts[b]) * size, int(ends[b]) * size + 1) for b in blocks])
 
     def batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         pairs = [self.window(index) for index in indices]

@@ -1,0 +1,94 @@
+"""The shard cache of a remote prepared folder (data/remote.py), on fsspec's in-memory filesystem: files verified as
+they arrive, the least recently read evicted beyond the bound but never a wanted one, a bad transfer retried then
+refused in one line; and a bound too small for the order refused before training."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+from helpers import fail_with, train_args
+
+from {{ cookiecutter.package_name }}.data import remote
+from {{ cookiecutter.package_name }}.data.remote import CachedShards, ShardCache
+from {{ cookiecutter.package_name }}.data.shards import Listed
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import ShardedTokens
+
+SHARDS = [np.arange(i * 50, i * 50 + 50, dtype=np.uint16) for i in range(6)]  # 100 bytes each
+
+
+@pytest.fixture
+def bucket(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[Listed]]]:
+    """Six shards in an in-memory folder; its URL and the files as a manifest lists them."""
+    memory = fsspec.filesystem("memory")
+    root = f"/{request.node.name}"
+    files = []
+    for index, shard in enumerate(SHARDS):
+        name = f"shard-{index:05d}.bin"
+        memory.pipe(f"{root}/{name}", shard.tobytes())
+        files.append(Listed(name, shard.nbytes, hashlib.sha256(shard.tobytes()).hexdigest()))
+    yield f"memory://{root}", files
+    memory.rm(root, recursive=True)
+
+
+def cached_names(folder: Path) -> set[str]:
+    return {path.name.split("-", 1)[1] for path in folder.glob("*-shard-*.bin")}
+
+
+def test_shards_read_through_the_cache_are_the_remote_bytes_and_the_bound_holds(
+    tmp_path: Path, bucket: tuple[str, list[Listed]]
+) -> None:
+    url, files = bucket
+    cache = ShardCache(url, tmp_path / "cache", bound_bytes=300)
+    tokens = ShardedTokens(CachedShards(cache, files, np.uint16), lengths=[50] * 6, dtype=np.uint16)
+    assert np.array_equal(tokens[40:260], np.concatenate(SHARDS)[40:260])  # shards 0-5 fetched as read
+    assert cached_names(cache.folder) <= {f.name for f in files} and len(cached_names(cache.folder)) == 3
+    for index in (1, 2, 0):  # read in this order: 1 is now the least recently read
+        cache.path(files[index])
+        time.sleep(0.01)
+    cache.want([files[3], files[5]])  # 3 and 5 are fetched in the background and kept
+    deadline = time.monotonic() + 10
+    while not {"shard-00003.bin", "shard-00005.bin"} <= cached_names(cache.folder) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert {"shard-00003.bin", "shard-00005.bin"} <= cached_names(cache.folder)
+    assert sum(path.stat().st_size for path in cache.folder.glob("*-shard-*.bin")) <= 300
+    assert "shard-00001.bin" not in cached_names(cache.folder)  # evicted first
+    assert not list(cache.folder.glob("*.partial"))
+
+
+def test_a_transfer_with_other_bytes_is_retried_then_refused_in_one_line(
+    tmp_path: Path, bucket: tuple[str, list[Listed]], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setattr(remote, "FIRST_PAUSE_S", 0.0)
+    url, files = bucket
+    damaged = Listed(files[2].name, files[2].size, hashlib.sha256(b"other bytes").hexdigest())
+    cache = ShardCache(url, tmp_path / "cache", bound_bytes=1000)
+    with pytest.raises(RecipeError, match=r"fetching shard-00002.bin failed 4 times, the last: its bytes do not match"):
+        cache.path(damaged)
+    assert capsys.readouterr().err.count("data: fetching shard-00002.bin failed") == remote.TRIES - 1
+    assert not [*cache.folder.glob("*-shard-00002.bin"), *cache.folder.glob("*.partial")]  # nothing half-written
+
+
+def test_a_cache_too_small_for_two_groups_of_blocks_is_refused_naming_both_fields(
+    tmp_path: Path, bucket: tuple[str, list[Listed]], capsys: pytest.CaptureFixture
+) -> None:
+    url, files = bucket
+    manifest = {
+        "format": 1,
+        "dtype": "uint16",
+        "tokenizer": {"file": "tokenizer.json", "sha256": "0" * 64, "vocab_size": 400},
+        "shards": [{"file": f.name, "tokens": 50, "sha256": f.sha256} for f in files],
+        "validation": {"first_token": 250, "tokens": 50},
+    }
+    fsspec.filesystem("memory").pipe(url.removeprefix("memory://") + "/manifest.json", json.dumps(manifest).encode())
+    overrides = ["--data.source", "prepared", "--data.path", url, "--data.cache_dir", str(tmp_path / "cache")]
+    error = fail_with(train_args(tmp_path / "run", *overrides, "--data.cache_gb", "1e-6"), capsys)
+    assert "data.cache_gb=1e-06 is too small for data.shuffle_blocks=8" in error and "3.2e-06 GB" in error
+    assert not (tmp_path / "run").exists()
