@@ -1,5 +1,6 @@
-"""A prepared folder in S3 (moto's server on localhost), read through a shard cache smaller than the corpus: the
-losses of the same folder read locally, a killed run resumed bitwise, a dropped connection retried."""
+"""A prepared folder in S3 (moto's server on localhost), written there by `prepare --out s3://...` and read through a
+shard cache smaller than the corpus: the losses of the same folder read locally, a killed run resumed bitwise, a
+dropped connection retried."""
 
 from __future__ import annotations
 
@@ -23,20 +24,30 @@ URL = "s3://corpora/demo"
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     raw = tmp_path_factory.mktemp("corpus")
     write_corpus(raw)
+    return raw
+
+
+def prepare_args(corpus: Path, out: str, *tokenizer: str) -> list[str]:
+    return ["prepare", str(corpus), "--out", out, *tokenizer, "--val_fraction", "0.1", "--shard_tokens", "500",
+            "--workers", "1"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
     out = tmp_path_factory.mktemp("prepared") / "data"
-    result = run_cli("prepare", str(raw), "--out", str(out), "--train_tokenizer", "400", "--val_fraction", "0.1",
-                     "--shard_tokens", "500", "--workers", "1")  # fmt: skip
+    result = run_cli(*prepare_args(corpus, str(out), "--train_tokenizer", "400"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(json.loads((out / "manifest.json").read_text())["shards"]) > 8  # the cache holds five
     return out
 
 
 @pytest.fixture
-def bucket(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The prepared folder uploaded to s3://corpora/demo; the environment points S3 clients (the runs') at it."""
+def bucket(prepared: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """`prepare --out s3://corpora/demo` of the same corpus with the local folder's tokenizer; the environment
+    points S3 clients (prepare's and the runs') at moto's server."""
     import s3fs
 
     with s3_server() as endpoint:
@@ -46,7 +57,10 @@ def bucket(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
         s3 = s3fs.S3FileSystem(skip_instance_cache=True)
         s3.mkdir("corpora")
-        s3.put(f"{prepared}/", URL + "/", recursive=True)  # the folder `prepare` wrote, as it would upload it
+        result = run_cli(*prepare_args(corpus, URL, "--tokenizer", str(prepared / "tokenizer.json")))
+        assert result.returncode == 0, result.stderr[-3000:]
+        for shard in sorted(prepared.glob("shard-*.bin")):  # the same bytes as the local folder's
+            assert s3.cat_file(f"{URL}/{shard.name}") == shard.read_bytes(), shard.name
         yield endpoint
 
 
