@@ -273,6 +273,7 @@ class Monitor:
                     " hardware.GPUS; set logger.peak_tflops to report it"
                 )
         self._start_window(start_step)
+        self._first_window = True  # its steps hold one-time work: no straggler is named in it (stragglers.py)
 
     def _start_window(self, step: int) -> None:
         self._window_start, self._window_first_step = time.perf_counter(), step
@@ -309,7 +310,8 @@ class Monitor:
         # One collective for every rank's memory, data wait and own step time: the worst of each is logged, and
         # the slowest rank named (training/stragglers.py); the loss is averaged below.
         local = {**memory_gib(self.fabric.device), "time/data_wait_seconds": self._data_wait_seconds / max(steps, 1)}
-        gathered, straggler = self.rank_times.gather(local, seconds, steps)
+        gathered, straggler = self.rank_times.gather(local, seconds, steps, first_window=self._first_window)
+        self._first_window = False
         metrics: dict[str, float] = {
             "train/loss": cast(torch.Tensor, self.fabric.all_reduce(loss.detach(), reduce_op="mean")).item(),
             "train/lr": learning_rate,

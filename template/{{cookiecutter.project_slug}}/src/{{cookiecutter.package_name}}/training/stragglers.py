@@ -6,7 +6,9 @@ who was late. What differs is how long each waits for the others at the step's d
 wall time per step less that wait; with its data wait it is gathered from every rank in the all_gather
 the monitor already makes at logging steps (no collective is added). A rank whose own step time or
 data wait exceeds the median over ranks by `logger.straggler_margin` of the median step time is named
-in the log, and the figures go to the loggers:
+in the log, and the figures go to the loggers (the first window of a process names nobody: its first
+step holds each rank's one-time work, allocator growth, the profiler's start, compiling, which differs
+between ranks without any of them being slow):
 
     stragglers/slowest_rank, stragglers/slowest_step_seconds, stragglers/median_step_seconds
     stragglers/slowest_data_wait_rank, stragglers/max_data_wait_seconds, stragglers/median_data_wait_seconds
@@ -49,8 +51,11 @@ class RankTimes:
         """Start a new logging window."""
         self.sync_wait_seconds = 0.0
 
-    def gather(self, local: dict[str, float], seconds: float, steps: int) -> tuple[dict[str, float], str | None]:
-        """Each figure of `local` at its worst over ranks, with the stragglers/ metrics; a line naming a straggler.
+    def gather(
+        self, local: dict[str, float], seconds: float, steps: int, first_window: bool = False
+    ) -> tuple[dict[str, float], str | None]:
+        """Each figure of `local` at its worst over ranks, with the stragglers/ metrics; a line naming a straggler
+        (never in the `first_window` of a process: its figures are logged, nobody is named).
 
         `local`: this rank's figures (memory, time/data_wait_seconds per step); `seconds`: the window's wall time
         over `steps` steps. Every rank calls it: one all_gather.
@@ -60,6 +65,8 @@ class RankTimes:
         columns = {key: per_rank[:, index].tolist() for index, key in enumerate(local)}
         self.memory_per_rank = {key: values for key, values in columns.items() if key.startswith("memory/")}
         metrics, line = straggler_figures(per_rank[:, -1].tolist(), columns["time/data_wait_seconds"], self.margin)
+        if first_window:
+            metrics["stragglers/straggler_rank"], line = -1.0, None
         return {**{key: max(values) for key, values in columns.items()}, **metrics}, line
 
     def memory_lines(self) -> list[str]:
