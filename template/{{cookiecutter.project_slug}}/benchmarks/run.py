@@ -243,32 +243,28 @@ def first_step_probe(argv: list[str]) -> None:
     import_module(f"{PACKAGE}.cli").main()
 
 
+def seconds_to_first_step(out_dir: str, *overrides: str) -> float:
+    """Seconds from starting `train` (cpu-debug, one process, no logger, no resume) to the end of its first step."""
+    train = ["train", "--config", str(PROJECT / "recipes" / "cpu-debug.yaml"), "--devices", "1", "--strategy.name"]
+    train += ["ddp", "--out_dir", out_dir, "--logger.name", "none", "--checkpoint.resume", "null", *overrides]
+    start = time.time()
+    probe = [sys.executable, str(Path(__file__).resolve()), "--first-step-probe", *train]
+    result = subprocess.run(probe, env=worker_env(2), capture_output=True, text=True, timeout=600)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("FIRST_STEP ")]
+    if not lines:
+        raise RuntimeError(f"no optimizer step in {' '.join(probe)}:\n{result.stderr[-3000:]}")
+    return float(lines[0].split()[1]) - start
+
+
 def startup_figure(quick: bool, repeats: int) -> dict[str, Any]:
     """Seconds from starting `train` to the end of its first optimizer step, against `import torch, lightning`."""
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as out_dir:
-        train = ["train", "--config", str(PROJECT / "recipes" / "cpu-debug.yaml"), "--devices", "1"]
-        train += [
-            "--strategy.name",
-            "ddp",
-            "--out_dir",
-            out_dir,
-            "--logger.name",
-            "none",
-            "--checkpoint.resume",
-            "null",
-        ]
         ratios, seconds = [], {"import_torch_lightning": [], "to_first_step": []}
         for _ in range(repeats):
             start = time.time()
             subprocess.run([sys.executable, "-c", "import torch, lightning"], env=worker_env(2), check=True)
             imports = time.time() - start
-            start = time.time()
-            probe = [sys.executable, str(Path(__file__).resolve()), "--first-step-probe", *train]
-            result = subprocess.run(probe, env=worker_env(2), capture_output=True, text=True, timeout=300)
-            lines = [line for line in result.stdout.splitlines() if line.startswith("FIRST_STEP ")]
-            if not lines:
-                raise RuntimeError(f"no optimizer step in {' '.join(probe)}:\n{result.stderr[-3000:]}")
-            first_step = float(lines[0].split()[1]) - start
+            first_step = seconds_to_first_step(out_dir)
             ratios.append(first_step / imports)
             seconds["import_torch_lightning"].append(imports)
             seconds["to_first_step"].append(first_step)
@@ -320,18 +316,9 @@ def corpus_startup_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any
         for repeat in range(repeats):
             runs = [(f"{size}", root / f"{size}", "sizes") for size in sizes] + [("1_verify_full", root / "1", "full")]
             for key, folder, verify in runs if repeat % 2 == 0 else runs[::-1]:
-                out_dir = root / f"run-{key}-{repeat}"
-                train = ["train", "--config", str(PROJECT / "recipes" / "cpu-debug.yaml"), "--devices", "1"]
-                train += ["--strategy.name", "ddp", "--out_dir", str(out_dir), "--logger.name", "none"]
-                train += ["--checkpoint.resume", "null", "--data.source", "prepared", "--data.path", str(folder)]
-                train += ["--model.vocab_size", "512", "--data.verify", verify]
-                start = time.time()
-                probe = [sys.executable, str(Path(__file__).resolve()), "--first-step-probe", *train]
-                result = subprocess.run(probe, env=worker_env(2), capture_output=True, text=True, timeout=600)
-                lines = [line for line in result.stdout.splitlines() if line.startswith("FIRST_STEP ")]
-                if not lines:
-                    raise RuntimeError(f"no optimizer step in {' '.join(probe)}:\n{result.stderr[-3000:]}")
-                seconds[key].append(float(lines[0].split()[1]) - start)
+                data = ["--data.source", "prepared", "--data.path", str(folder), "--data.verify", verify]
+                out_dir = str(root / f"run-{key}-{repeat}")
+                seconds[key].append(seconds_to_first_step(out_dir, *data, "--model.vocab_size", "512"))
     ratio = lambda a, b: summary([x / y for x, y in zip(seconds[a], seconds[b], strict=True)])  # noqa: E731
     figures = {
         "first_step_16gb_vs_1gb": {**ratio("16", "1"), "seconds": seconds, "bytes_per_gb": unit},

@@ -56,17 +56,18 @@ def check_files(folder: Path, files: list[Listed], checksums: bool, field: str =
     Sizes are one stat per file. With `checksums` every byte is read, with progress shown by bytes.
     """
     where = f"{field}={str(folder)!r}"
+    sizes: list[int] = []
     for name, size, _ in files:
         if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
             raise RecipeError(f"{where}: {MANIFEST} names {str(name)[:60]!r}, not a file in the folder (refused)")
         path = folder / name
         if not path.is_file():
             raise RecipeError(f"{where}: {name} is missing ({MANIFEST} lists it; prepare again)")
-        if size is not None and (found := path.stat().st_size) != size:
+        sizes.append(found := path.stat().st_size)
+        if size is not None and found != size:
             raise RecipeError(f"{where}: {name} has {found} bytes, {MANIFEST} says {size} (prepare again)")
     if not checksums:
         return
-    sizes = [(folder / name).stat().st_size for name, _, _ in files]
     total = sum(max(1, -(-size // PIECE)) for size in sizes)
     pieces = counted(_pieces(folder, files, sizes), f"Verifying {folder}", total=total, unit="MiB")
     digest = hashlib.sha256()
