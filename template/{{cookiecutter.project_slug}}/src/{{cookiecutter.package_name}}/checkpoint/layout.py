@@ -90,7 +90,7 @@ def checkpoint_recipe(path: Path) -> Recipe:
 
     saved = read_recipe_file(path / "config.yaml", f"checkpoint {path}: config.yaml") or {}  # bounded, as any recipe
     task = task_class(saved.get("task", Recipe.task))
-    return parse_recipe(["--config", str(path / "config.yaml"), *task.saved_recipe_overrides])
+    return parse_recipe(["--config", str(path / "config.yaml"), *task.saved_recipe_overrides(saved)])
 
 
 # What a checkpoint holds per parameter, when none of the run's shows it yet: fp32 weights and AdamW's two moments.

@@ -132,13 +132,17 @@ class Task:
     recipe_type: ClassVar[type[Recipe]]  # Recipe with this task's `model:` and `data:` sections
     unit: ClassVar[str] = "sample"  # what throughput counts, singular: "token", "image"
     commands: ClassVar[dict[str, str]] = {}  # its own commands: name -> module (HELP, add_arguments, run)
-    # Overrides applied to a checkpoint's saved recipe when it is read back (fields naming what may be gone since).
-    saved_recipe_overrides: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, recipe: Recipe) -> None:
         self.recipe: Any = recipe
 
     # --- what a recipe may ask of it (no torch) -------------------------------------------------
+
+    @classmethod
+    def saved_recipe_overrides(cls, saved: dict[str, Any]) -> list[str]:
+        """Overrides applied to a checkpoint's saved recipe (`saved`: its YAML) when it is read back: fields naming
+        what may be gone since."""
+        return []
 
     def check(self) -> None:
         """Refuse model and data settings that cannot run (raise RecipeError naming the field)."""
@@ -196,6 +200,11 @@ class Task:
     def pretrained_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(parameter name, tensor) of those weights, one at a time (called only when `pretrained_from` names some)."""
         raise NotImplementedError
+
+    def frozen_from_pretrained(self) -> bool:
+        """Whether the model's frozen parameters (a base under adapters) come from `pretrained_tensors` at every
+        start, resumed or not: its checkpoints then hold only the parameters that train, and their optimizer state."""
+        return False
 
     def datasets(self) -> Splits:
         """The training and validation samples the recipe's data section describes."""

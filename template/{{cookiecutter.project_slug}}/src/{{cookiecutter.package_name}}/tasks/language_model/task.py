@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.tasks.base import ModelCost, Splits, Task
 from {{ cookiecutter.package_name }}.tasks.language_model.config import ARCH_ONLY_FIELDS, LanguageModelRecipe, ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.lora import check_lora
 
 if TYPE_CHECKING:
     import torch
@@ -36,9 +37,15 @@ class LanguageModel(Task):
         "sample": "{{ cookiecutter.package_name }}.tasks.language_model.commands.sample",
         "export": "{{ cookiecutter.package_name }}.tasks.language_model.commands.export",
     }
-    # The weights init_from named are in a checkpoint now; the folder they came from may be gone.
-    saved_recipe_overrides = ("--model.init_from", "null")
     recipe: LanguageModelRecipe
+
+    @classmethod
+    def saved_recipe_overrides(cls, saved: dict[str, Any]) -> list[str]:
+        # The weights init_from named are in a checkpoint now; the folder they came from may be gone. Not so under
+        # LoRA: the checkpoint holds the adapters, init_from the base they adapt.
+        if (saved.get("lora") or {}).get("rank") and (saved.get("model") or {}).get("init_from"):
+            return []
+        return ["--model.init_from", "null"]
 
     @classmethod
     def verify_prepared(cls, folder: Path) -> str:
@@ -70,6 +77,7 @@ class LanguageModel(Task):
                 " (byte-level tokens need 256)"
             )
         check_model(model)
+        check_lora(self.recipe)
 
     def tensor_parallel_dimensions(self) -> dict[str, int]:
         return {f"model.{key}": size for key, size in self.recipe.model.tensor_parallel_dimensions().items()}
@@ -100,7 +108,12 @@ class LanguageModel(Task):
     def build_model(self) -> nn.Module:
         from {{ cookiecutter.package_name }}.tasks.language_model.families import build_model
 
-        return build_model(self.recipe.model)
+        model = build_model(self.recipe.model)
+        if self.recipe.lora.rank:  # adapters in, base frozen: before any strategy wraps the model
+            from {{ cookiecutter.package_name }}.tasks.language_model.lora import inject_adapters
+
+            model = inject_adapters(model, self.recipe.lora, self.recipe.lora.targets(self.recipe.model.arch))
+        return model
 
     def pretrained_from(self) -> str | None:
         return self.recipe.model.init_from
@@ -108,7 +121,16 @@ class LanguageModel(Task):
     def pretrained_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         from {{ cookiecutter.package_name }}.tasks.language_model.hf import pretrained_tensors
 
-        return pretrained_tensors(self.recipe.model)
+        tensors = pretrained_tensors(self.recipe.model)
+        if not self.recipe.lora.rank:
+            return tensors
+        from {{ cookiecutter.package_name }}.tasks.language_model.lora import adapted_name
+
+        targets = self.recipe.lora.targets(self.recipe.model.arch)
+        return ((adapted_name(name, targets), tensor) for name, tensor in tensors)
+
+    def frozen_from_pretrained(self) -> bool:
+        return self.recipe.lora.rank > 0 and self.recipe.model.init_from is not None
 
     def datasets(self) -> Splits:
         from {{ cookiecutter.package_name }}.tasks.language_model.data import load_splits
