@@ -152,7 +152,7 @@ class LoraConfig:
     """
 
     rank: int = 0
-    alpha: float = 16.0
+    alpha: int = 16
     dropout: float = 0.0
     target_modules: list[str] = field(default_factory=list)
 

@@ -14,7 +14,7 @@ import json
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -23,6 +23,7 @@ from {{ cookiecutter.package_name }}.checkpoint.tensors import DEFAULT_SHARD_BYT
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.progress import counted
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.tasks.language_model.config import LanguageModelRecipe
 from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import MANIFEST, TOKENIZER
 from {{ cookiecutter.package_name }}.tasks.language_model.hf import CONFIG, export_problem, hf_config, hf_tensors
 
@@ -72,7 +73,7 @@ def copy_tokenizer(recipe: Recipe, folder: Path) -> int | None:
 def export_hf(path: Path, out_dir: Path, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> dict[str, Any]:
     """Write a complete checkpoint folder as a Hugging Face model folder (to OUT.partial, renamed when done);
     a LoRA run's adapters are merged into the base weights."""
-    recipe = checkpoint_recipe(path)
+    recipe = cast(LanguageModelRecipe, checkpoint_recipe(path))
     if problem := export_problem(recipe.model):
         raise RecipeError(f"checkpoint {path} cannot be exported to Hugging Face's format: {problem}")
     check_new_folder(out_dir)
@@ -99,7 +100,7 @@ def export_adapters(path: Path, out_dir: Path) -> dict[str, Any]:
     """Write a LoRA checkpoint's adapters as a peft adapter folder (to OUT.partial, renamed when done)."""
     from {{ cookiecutter.package_name }}.tasks.language_model.lora import write_adapter_folder
 
-    recipe = checkpoint_recipe(path)
+    recipe = cast(LanguageModelRecipe, checkpoint_recipe(path))
     if not recipe.lora.rank:
         raise RecipeError(f"checkpoint {path} has no adapters (lora.rank=0): export it with --format hf")
     check_new_folder(out_dir)
