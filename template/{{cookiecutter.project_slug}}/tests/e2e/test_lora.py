@@ -114,7 +114,9 @@ def test_only_the_adapters_train_and_the_checkpoint_holds_only_them(
     model, _ = load_model(checkpoint)  # the base from init_from, the adapters from the checkpoint
     pretrained = transformers.LlamaForCausalLM.from_pretrained(base).state_dict()
     adapted = model.state_dict()
-    assert torch.equal(adapted["blocks.1.attn.q.base_layer.weight"], pretrained["model.layers.1.self_attn.q_proj.weight"])
+    assert torch.equal(
+        adapted["blocks.1.attn.q.base_layer.weight"], pretrained["model.layers.1.self_attn.q_proj.weight"]
+    )
     assert torch.equal(adapted["token_embedding.weight"], pretrained["model.embed_tokens.weight"])
     assert all(adapted[key].abs().sum() > 0 for key in saved)  # B started at zero: the adapters have learned
 

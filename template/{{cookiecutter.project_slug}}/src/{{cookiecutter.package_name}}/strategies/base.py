@@ -88,6 +88,9 @@ class TrainingStrategy:
     options_type: ClassVar[type | None] = None
     checkpoint_layout: ClassVar[str] = "replicated"  # replicated | sharded (torch.distributed.checkpoint) | own
     supports_meta_init: ClassVar[bool] = False
+    # Trains a model whose parameters are mostly frozen (adapters): the optimizer holds the trained ones only
+    # (training/optim.py), frozen ones are replicated or sharded beside them, checkpoints keep the trained ones.
+    trains_adapters: ClassVar[bool] = False
 
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
@@ -167,7 +170,9 @@ class TrainingStrategy:
         weights: dict[str, Any] = {}
         if fabric.global_rank == 0:
             tensors = self.task.pretrained_tensors()
-            weights = {name: value.to(current[name].dtype if name in current else value.dtype) for name, value in tensors}
+            weights = {
+                name: value.to(current[name].dtype if name in current else value.dtype) for name, value in tensors
+            }
             if frozen and (missing := sorted(frozen - weights.keys())):
                 raise RuntimeError(f"the pretrained weights have no {missing[0]}, a frozen parameter of the model")
         strict = not frozen  # all of the model, or its frozen part (checked above)

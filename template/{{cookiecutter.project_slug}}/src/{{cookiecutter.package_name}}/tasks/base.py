@@ -152,6 +152,11 @@ class Task:
         model has no tensor-parallel plan (then tensor parallel is refused)."""
         return {}
 
+    def adapters(self) -> str | None:
+        """The recipe field that trains adapters on a frozen model (`lora.rank=8`), or None when every parameter
+        trains (strategies that cannot train a partly frozen model refuse it)."""
+        return None
+
     def units_per_sample(self) -> int:
         """Units (`unit`) in one sample: tokens in a sequence, 1 for an image."""
         return 1

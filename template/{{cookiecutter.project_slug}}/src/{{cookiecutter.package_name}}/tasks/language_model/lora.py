@@ -27,13 +27,13 @@ if TYPE_CHECKING:
     from torch import nn
 
 ADAPTER = "default"  # peft's name of the one adapter injected
-STRATEGIES = ("ddp", "fsdp2", "hsdp")  # those that train a model with frozen parameters here
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # a peft adapter folder
 
 
 def check_lora(recipe: LanguageModelRecipe) -> None:
-    """Refuse a lora section that cannot run: its values, the model it adapts and the strategy that trains it."""
-    lora, model, strategy = recipe.lora, recipe.model, recipe.strategy
+    """Refuse a lora section that cannot run: its values and the model it adapts (the strategies that train adapters
+    say which of their settings do not compose with them: recipe/checks.py, strategies/)."""
+    lora, model = recipe.lora, recipe.model
     if lora.rank < 0:
         raise RecipeError(f"lora.rank={lora.rank} must be >= 0 (0: no adapters)")
     if lora.rank == 0:
@@ -49,21 +49,6 @@ def check_lora(recipe: LanguageModelRecipe) -> None:
         raise RecipeError(
             f"lora.target_modules: {unknown[0]} is not a projection of a {model.arch} block (choose among"
             f" {', '.join(targets)}; [] for all)"
-        )
-    if strategy.name not in STRATEGIES:
-        raise RecipeError(f"{where} trains under strategy.name ddp, fsdp2 or hsdp (this recipe has {strategy.name})")
-    options = strategy.fsdp2
-    if options is not None and options.tensor_parallel_size > 1:
-        raise RecipeError(
-            f"{where} does not compose with strategy.fsdp2.tensor_parallel_size={options.tensor_parallel_size}"
-            " (peft's adapter layers have no tensor-parallel plan): set it to 1"
-        )
-    if options is not None and options.float8:
-        raise RecipeError(f"{where} does not compose with strategy.fsdp2.float8=true: set it false")
-    if strategy.meta_init:
-        raise RecipeError(
-            f"{where} does not compose with strategy.meta_init=true (the adapters take their init when built):"
-            " set it false"
         )
     if importlib.util.find_spec("peft") is None:
         raise RecipeError(f"{where} needs peft: pip install '.[lora]'")

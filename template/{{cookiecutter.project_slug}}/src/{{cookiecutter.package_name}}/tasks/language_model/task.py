@@ -82,6 +82,9 @@ class LanguageModel(Task):
     def tensor_parallel_dimensions(self) -> dict[str, int]:
         return {f"model.{key}": size for key, size in self.recipe.model.tensor_parallel_dimensions().items()}
 
+    def adapters(self) -> str | None:
+        return f"lora.rank={self.recipe.lora.rank}" if self.recipe.lora.rank else None
+
     def units_per_sample(self) -> int:
         return self.recipe.model.block_size
 

@@ -39,7 +39,8 @@ def run(argv: list[str], prog: str) -> None:
             f"Wrote {adapters['tensors']} adapter tensors ({adapters['bytes'] / 2**20:,.1f} MiB) from {path} to"
             f" {args.out_dir}"
         )
-        print(f"Load: peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained('{adapters['base']}'), '{args.out_dir}')")
+        base = f"transformers.AutoModelForCausalLM.from_pretrained('{adapters['base']}')"
+        print(f"Load: peft.PeftModel.from_pretrained({base}, '{args.out_dir}')")
         return
     from {{ cookiecutter.package_name }}.tasks.language_model.export import export_hf  # imports torch
 
