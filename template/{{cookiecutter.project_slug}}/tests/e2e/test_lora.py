@@ -138,3 +138,24 @@ def test_the_exports_give_transformers_the_logits_of_the_model_with_adapters(
         torch.testing.assert_close(with_adapters(tokens).logits, expected, atol=1e-5, rtol=0)
         with with_adapters.disable_adapter():  # the base alone: the adapters matter
             assert (with_adapters(tokens).logits - expected).abs().max() > 1e-3
+
+
+def test_a_gpt_with_adapters_on_a_random_base_checkpoints_both_and_exports_them_merged(tmp_path: Path) -> None:
+    # No init_from: the base is the seed's, so the checkpoint holds it beside the adapters. GPT-2's layout fuses
+    # q, k and v into one c_attn: each part is merged before they are joined.
+    gpt = ["--model.arch", "gpt", "--model.bias", "true", "--model.n_kv_head", "0", "--model.intermediate_size", "0"]
+    gpt += ["--model.n_head", "4", "--lora.target_modules", "[attn.q, attn.v, mlp.fc]", "--devices", "1"]
+    gpt += ["--train.max_steps", "2", "--train.learning_rate", "0.01"]
+    result = run_cli(*lora_args(tmp_path, *gpt))
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoint = find_latest(tmp_path / "checkpoints")
+    assert checkpoint is not None
+    saved = load_full_state(checkpoint)["model"]
+    assert "blocks.0.attn.q.base_layer.weight" in saved and "blocks.0.attn.q.base_layer.bias" in saved
+    assert "blocks.0.attn.k.weight" in saved and sum(".lora_" in key for key in saved) == 2 * 3 * 2
+    model, _ = load_model(checkpoint)
+    main(["export", str(checkpoint), str(tmp_path / "merged")])
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    tokens = torch.randint(0, 256, (2, 64))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(tokens).logits, model(tokens), atol=1e-5, rtol=0)

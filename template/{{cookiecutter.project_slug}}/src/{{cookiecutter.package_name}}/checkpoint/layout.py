@@ -84,8 +84,8 @@ def damaged_files(path: Path, names: list[str]) -> list[str]:
 
 def checkpoint_recipe(path: Path) -> Recipe:
     """The recipe a checkpoint folder was saved with. What its task says may be gone since (the language model's
-    model.init_from: the weights are in the checkpoint now, the folder they first came from may not be) is not
-    checked again."""
+    model.init_from: the weights are in the checkpoint now, the folder they first came from may not be; unless
+    LoRA adapted them, whose checkpoints hold the adapters only) is not checked again."""
     from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, read_recipe_file  # jsonargparse: only when asked
 
     saved = read_recipe_file(path / "config.yaml", f"checkpoint {path}: config.yaml") or {}  # bounded, as any recipe

@@ -21,7 +21,7 @@ LORA = ["--config", str(RECIPES / "cpu-lora-debug.yaml"), "--model.n_layer", "2"
     [
         (
             ["--strategy.name", "fsdp2", "--strategy.fsdp2.tensor_parallel_size", "2"],
-            "error: lora.rank=8 does not compose with strategy.fsdp2.tensor_parallel_size=2",
+            "lora.rank=8 does not compose with strategy.fsdp2.tensor_parallel_size=2",
         ),
         (["--strategy.name", "deepspeed"], "lora.rank=8 trains adapters under strategy.name=ddp or fsdp2 or hsdp"),
         (["--strategy.name", "fsdp2", "--strategy.meta_init", "true"], "does not compose with strategy.meta_init=true"),
