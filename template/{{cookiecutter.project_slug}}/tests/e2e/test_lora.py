@@ -140,6 +140,7 @@ def test_the_exports_give_transformers_the_logits_of_the_model_with_adapters(
             assert (with_adapters(tokens).logits - expected).abs().max() > 1e-3
 
 
+@pytest.mark.matrix  # the merged export of the Llama above shows the merge; this adds the GPT and a random base
 def test_a_gpt_with_adapters_on_a_random_base_checkpoints_both_and_exports_them_merged(tmp_path: Path) -> None:
     # No init_from: the base is the seed's, so the checkpoint holds it beside the adapters. GPT-2's layout fuses
     # q, k and v into one c_attn: each part is merged before they are joined.
