@@ -9,6 +9,7 @@ from helpers import RECIPES, fail_with
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import TrainConfig
 from {{ cookiecutter.package_name }}.tasks import task_for
+from {{ cookiecutter.package_name }}.tasks.language_model.lora import adapter_parameters
 from {{ cookiecutter.package_name }}.training.optim import build_optimizer
 
 pytest.importorskip("peft")
@@ -49,6 +50,8 @@ def test_the_adapted_model_starts_as_its_base_and_its_optimizer_steps_only_the_a
         for module in ("attn.q", "mlp.down")
         for matrix in "AB"
     }
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert trained == adapter_parameters(task.recipe)  # the formula free-space checks use (no torch)
     base = {name: p.detach().clone() for name, p in model.named_parameters() if not p.requires_grad}
     plain = task_for(parse_recipe([*LORA, "--lora.rank", "0"])).build_model()
     plain.load_state_dict({name.replace(".base_layer.", "."): value for name, value in base.items()})

@@ -102,7 +102,10 @@ def checkpoint_bytes(recipe: Recipe) -> int:
     newest = find_latest(checkpoint_root(recipe))
     if newest is not None:
         return sum(file_record(record)[0] for record in read_meta(newest).get("files", {}).values())
-    cost = task_for(recipe).model_cost()
+    task = task_for(recipe)
+    if (saved := task.checkpointed_parameters()) is not None:  # adapters: the frozen base is not saved
+        return saved * BYTES_PER_PARAMETER
+    cost = task.model_cost()
     return cost.parameters() * BYTES_PER_PARAMETER if cost is not None else 0
 
 

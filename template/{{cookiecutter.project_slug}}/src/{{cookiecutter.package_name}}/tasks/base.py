@@ -157,6 +157,11 @@ class Task:
         trains (strategies that cannot train a partly frozen model refuse it)."""
         return None
 
+    def checkpointed_parameters(self) -> int | None:
+        """Parameters a checkpoint holds (each with its optimizer state) when fewer than the model's (adapters on a
+        frozen base), by formula without torch; None: all of them."""
+        return None
+
     def units_per_sample(self) -> int:
         """Units (`unit`) in one sample: tokens in a sequence, 1 for an image."""
         return 1

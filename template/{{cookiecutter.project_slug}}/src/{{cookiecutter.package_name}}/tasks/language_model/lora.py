@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.language_model.config import LORA_TARGETS, LanguageModelRecipe, LoraConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.config import LORA_TARGETS, LanguageModelRecipe, LoraConfig, ModelConfig
 
 if TYPE_CHECKING:
     import torch
@@ -52,6 +52,26 @@ def check_lora(recipe: LanguageModelRecipe) -> None:
         )
     if importlib.util.find_spec("peft") is None:
         raise RecipeError(f"{where} needs peft: pip install '.[lora]'")
+
+
+def projection_shapes(model: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each projection of a block that LoRA may adapt."""
+    width, hidden = model.n_embd, model.mlp_hidden_size
+    if model.arch == "gpt":
+        return {**dict.fromkeys(("attn.q", "attn.k", "attn.v", "attn.proj"), (width, width)),
+                "mlp.fc": (width, hidden), "mlp.proj": (hidden, width)}  # fmt: skip
+    kv_width = model.kv_heads * (width // model.n_head)
+    return {
+        "attn.q": (width, width), "attn.k": (width, kv_width), "attn.v": (width, kv_width), "attn.o": (width, width),
+        "mlp.gate": (width, hidden), "mlp.up": (width, hidden), "mlp.down": (hidden, width),
+    }  # fmt: skip
+
+
+def adapter_parameters(recipe: LanguageModelRecipe) -> int:
+    """Parameters of the adapters (rank x (in + out) per adapted projection and block), by formula."""
+    shapes = projection_shapes(recipe.model)
+    per_block = sum(recipe.lora.rank * sum(shapes[name]) for name in recipe.lora.targets(recipe.model.arch))
+    return recipe.model.n_layer * per_block
 
 
 def inject_adapters(model: nn.Module, lora: LoraConfig, targets: list[str]) -> nn.Module:

@@ -85,6 +85,13 @@ class LanguageModel(Task):
     def adapters(self) -> str | None:
         return f"lora.rank={self.recipe.lora.rank}" if self.recipe.lora.rank else None
 
+    def checkpointed_parameters(self) -> int | None:
+        if not self.frozen_from_pretrained():
+            return None
+        from {{ cookiecutter.package_name }}.tasks.language_model.lora import adapter_parameters
+
+        return adapter_parameters(self.recipe)
+
     def units_per_sample(self) -> int:
         return self.recipe.model.block_size
 
