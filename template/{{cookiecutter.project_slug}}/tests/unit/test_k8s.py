@@ -7,13 +7,14 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import RECIPES
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.cluster.k8s import pytorchjob
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 
-RECIPE = "recipes/cpu-debug.yaml"
+RECIPE = str(RECIPES / "cpu-debug.yaml")
 
 
 def recipe(*overrides: str) -> Any:
