@@ -1,22 +1,21 @@
-"""Write podtemplatespec-v1.37.0.json.gz from the schemas that kubernetes-validate 1.37.0 ships (see SOURCE.md).
+"""Write podtemplatespec-v1.37.0.json from the schemas that kubernetes-validate 1.37.0 ships (see SOURCE.md).
 
     pip download --no-deps kubernetes-validate==1.37.0 && unzip kubernetes_validate-1.37.0-py3-none-any.whl
     python make_schema.py kubernetes_validate/kubernetes-json-schema/v1.37.0-local-strict
 
 Keeps the PodTemplateSpec schema and every definition it reaches, unchanged except: descriptions dropped,
-references pointed into the one file, written compact and gzipped.
+references pointed into the one file, written compact (one line).
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 PREFIXES = ("/api/_definitions.json#/$defs/", "#/$defs/")
-OUT = Path(__file__).with_name("podtemplatespec-v1.37.0.json.gz")
+OUT = Path(__file__).with_name("podtemplatespec-v1.37.0.json")
 
 
 def main(folder: Path) -> None:
@@ -49,8 +48,8 @@ def main(folder: Path) -> None:
         localize(kept[name])
     schema["$defs"] = dict(sorted(kept.items()))
     text = json.dumps(schema, sort_keys=True, separators=(",", ":"))
-    OUT.write_bytes(gzip.compress(text.encode(), mtime=0))
-    print(f"{OUT.name}: {len(kept)} definitions, {len(text)} characters, {OUT.stat().st_size} bytes gzipped")
+    OUT.write_text(text + "\n")
+    print(f"{OUT.name}: {len(kept)} definitions, {OUT.stat().st_size} bytes")
 
 
 if __name__ == "__main__":

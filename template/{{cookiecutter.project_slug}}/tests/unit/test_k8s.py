@@ -4,7 +4,6 @@ valid against Kubernetes' published schema (tests/k8s_schemas/SOURCE.md), and wh
 from __future__ import annotations
 
 import copy
-import gzip
 import json
 import shlex
 from pathlib import Path
@@ -22,8 +21,8 @@ from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 
 RECIPE = str(RECIPES / "cpu-debug.yaml")
-SCHEMA = Path(__file__).parents[1] / "k8s_schemas" / "podtemplatespec-v1.37.0.json.gz"
-POD_TEMPLATE = Draft202012Validator(json.loads(gzip.decompress(SCHEMA.read_bytes())))
+SCHEMA = Path(__file__).parents[1] / "k8s_schemas" / "podtemplatespec-v1.37.0.json"
+POD_TEMPLATE = Draft202012Validator(json.loads(SCHEMA.read_text()))
 FOUR_BY_EIGHT = ("--num_nodes", "4", "--devices", "8", "--accelerator", "cuda")
 
 
