@@ -122,6 +122,7 @@ def test_the_schema_refuses_a_broken_pod(break_pod: Any, message: str) -> None:
         ("pytorchjob", "img", "runs", ["--out_dir", "out/a"], "out_dir"),
         ("tfjob", "img", "runs", [], "--kind"),
         ("rayjob", "img", "runs", ["--out_dir", "/runs/$(HOME)"], r"has '\$'"),
+        ("rayjob", "img", "runs", ["--accelerator", "cpu", "--num_nodes", "2"], "cannot keep devices=2 per node"),
     ],
 )
 def test_refuses(kind: str, image: str | None, pvc: str, overrides: list[str], field: str) -> None:

@@ -122,6 +122,13 @@ def job_manifest(
     check_words(recipe_path, arguments)
     gpus = gpus_per_node(recipe)
     metadata = {"name": job_name}
+    if kind == "rayjob" and not gpus and recipe.num_nodes > 1:
+        # GPUs pin Ray Train's workers: a pod with D GPUs takes exactly D of them. CPUs do not: Ray places
+        # CPU workers wherever CPUs are free, so D per pod on N pods is not kept.
+        raise RecipeError(
+            f"--kind rayjob cannot keep devices={recipe.devices} per node on num_nodes={recipe.num_nodes} CPU"
+            " pods (Ray places CPU workers wherever CPUs are free): use --kind pytorchjob, or num_nodes 1"
+        )
     if kind == "rayjob":
         spec = rayjob_spec(recipe, arguments[1:], image, gpus, pvc, wandb_secret, backoff_limit)
         return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": metadata, "spec": spec}
