@@ -32,7 +32,7 @@ MOUNT = "/runs"
 # RFC 1123 DNS label (PVC, Secret and job names): lower-case letters, digits and '-', at most 63.
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 # An image reference: [registry[:port]/]path[:tag][@digest]; no spaces, quotes or shell characters.
-IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}")
+IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}")
 
 
 def check_name(flag: str, value: str) -> None:
@@ -44,10 +44,10 @@ def check_name(flag: str, value: str) -> None:
         )
 
 
-def check_words(recipe_path: str, overrides: list[str]) -> None:
+def check_words(words: list[str]) -> None:
     """Refuse a recipe path or override that a container command cannot carry as it is: a control character,
     or '$', which Kubernetes expands in commands ($(NAME)) before any shell sees it."""
-    for word in [recipe_path, *overrides]:
+    for word in words:
         if "$" in word or any(ord(char) < 32 or ord(char) == 127 for char in word):
             raise RecipeError(
                 f"{shown(word)} has '$' or a control character, which a pod's command would not pass on as"
@@ -65,7 +65,7 @@ def check_job(
         raise RecipeError("--image is required: the container image that holds this project")
     if not IMAGE.fullmatch(image):
         raise RecipeError(
-            f"--image={shown(image)} is not an image reference: letters, digits and . _ / : @ + -"
+            f"--image={shown(image)} is not an image reference: letters, digits and . _ / : @ -"
             " (e.g. registry.example/team/project:1)"
         )
     if pvc is None:
@@ -119,7 +119,7 @@ def job_manifest(
     check_job(kind, recipe, image, pvc, {"job_name": job_name, "wandb_secret": wandb_secret}, backoff_limit)
     assert image is not None and pvc is not None  # checked above
     arguments = ["--config", recipe_path, *(overrides or []), "--checkpoint.resume", "auto"]
-    check_words(recipe_path, arguments)
+    check_words(arguments)
     gpus = gpus_per_node(recipe)
     metadata = {"name": job_name}
     if kind == "rayjob" and not gpus and recipe.num_nodes > 1:
