@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from {{ cookiecutter.package_name }}.tasks.language_model.config import DataConfig, LanguageModelRecipe, ModelConfig
 from {{ cookiecutter.package_name }}.tasks.language_model.data.prepare import prepare
-from {{ cookiecutter.package_name }}.tasks.language_model.data.sft import IGNORE_INDEX, ExampleSequences, Examples
+from {{ cookiecutter.package_name }}.tasks.language_model.data.sft import IGNORE_INDEX, Examples, ExampleSequences
 from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import train_byte_level_bpe
 from {{ cookiecutter.package_name }}.tasks.language_model.families import build_model
 from {{ cookiecutter.package_name }}.tasks.language_model.task import LanguageModel
@@ -150,7 +150,9 @@ def prepared_replies(folder: Path) -> tuple[dict, list[str], list[np.ndarray]]:
     """The manifest, the text of each example's counted tokens and each example's token ids."""
     manifest = json.loads((folder / "manifest.json").read_text())
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokens = np.concatenate([np.fromfile(folder / shard["file"], dtype=manifest["dtype"]) for shard in manifest["shards"]])
+    tokens = np.concatenate(
+        [np.fromfile(folder / shard["file"], dtype=manifest["dtype"]) for shard in manifest["shards"]]
+    )
     mask = np.concatenate([np.fromfile(folder / part["file"], dtype=np.uint8) for part in manifest["sft"]["loss_mask"]])
     offsets = np.fromfile(folder / "examples.bin", dtype=np.int64)
     ids = [tokens[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]

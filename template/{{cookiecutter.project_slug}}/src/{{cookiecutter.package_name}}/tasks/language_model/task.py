@@ -136,7 +136,9 @@ class LanguageModel(Task):
 
         data, block_size = self.recipe.data, self.recipe.model.block_size
         train, validation = load_example_splits(data, self.recipe.model)
-        splits = Splits(ExampleSequences(train, block_size, data.packing), ExampleSequences(validation, block_size, data.packing))
+        splits = Splits(
+            ExampleSequences(train, block_size, data.packing), ExampleSequences(validation, block_size, data.packing)
+        )
         for name, part in (("training", splits.train), ("validation", splits.validation)):
             if len(part) == 0:
                 raise RecipeError(f"data: the {name} split of data.path={data.path!r} holds no example")

@@ -93,8 +93,8 @@ def _render_jinja(
     except RecipeError:
         raise
     except Exception as error:  # the template's own: raise_exception(), a missing variable
-        message = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise RecipeError(f"the tokenizer's chat template failed: {message}") from None
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise RecipeError(f"the tokenizer's chat template failed: {reason}") from None
     return text, replies
 
 
@@ -110,7 +110,9 @@ def _compiled(source: str) -> Any:
             raise RecipeError(f"the tokenizer's chat template refused a record: {message}")
 
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])  # fmt: skip
-        environment.filters["tojson"] = lambda value, indent=None, **_: json.dumps(value, indent=indent, ensure_ascii=False)
+        environment.filters["tojson"] = lambda value, indent=None, **_: json.dumps(
+            value, indent=indent, ensure_ascii=False
+        )
         environment.globals["raise_exception"] = raise_exception
         _templates[source] = environment.from_string(source)
     return _templates[source]

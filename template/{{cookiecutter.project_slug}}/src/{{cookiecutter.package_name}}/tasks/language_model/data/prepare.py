@@ -159,10 +159,9 @@ def prepare(
         raise RecipeError("--format sft tokenizes in this process: leave out --engine")
     if format != "sft" and chat_template is not None:
         raise RecipeError("--chat_template applies to --format sft only")
-    if tokenizer_file is not None and format == "sft" and Path(tokenizer_file).is_dir():
-        tokenizer_folder, tokenizer_file = Path(tokenizer_file), str(Path(tokenizer_file) / TOKENIZER)
-    else:
-        tokenizer_folder = None if tokenizer_file is None else Path(tokenizer_file)
+    tokenizer_folder = None if tokenizer_file is None else Path(tokenizer_file)  # where a chat template is looked for
+    if tokenizer_folder is not None and format == "sft" and tokenizer_folder.is_dir():
+        tokenizer_file = str(tokenizer_folder / TOKENIZER)
     if (tokenizer_file is None) == (train_tokenizer is None):
         raise RecipeError("prepare needs exactly one of --tokenizer tokenizer.json or --train_tokenizer VOCAB_SIZE")
     if not 0 < val_fraction < 1:
@@ -206,7 +205,9 @@ def prepare(
                     partial, sources, tokenizer, text_field, val_fraction, parallel, shard_tokens, progress
                 )
             else:
-                manifest = _write_sft_folder(partial, sources, tokenizer, template, val_fraction, shard_tokens, progress)
+                manifest = _write_sft_folder(
+                    partial, sources, tokenizer, template, val_fraction, shard_tokens, progress
+                )
             _refuse_empty(sources, inputs)
             manifest["tokenizer"]["trained_on_inputs"] = train_tokenizer is not None
             (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

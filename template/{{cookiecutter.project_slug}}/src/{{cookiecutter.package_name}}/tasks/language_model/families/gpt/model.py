@@ -32,9 +32,7 @@ class CausalSelfAttention(nn.Module):
         self.v = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
 
-    def forward(
-        self, x: torch.Tensor, cache: KVCache | None = None, mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         batch, time, _ = x.shape
         # -1 heads: under tensor parallel each rank holds only its share of the heads.
         q, k, v = (layer(x).view(batch, time, -1, self.head_dim).transpose(1, 2) for layer in (self.q, self.k, self.v))
@@ -71,9 +69,7 @@ class Block(nn.Module):
         self.norm_mlp = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(
-        self, x: torch.Tensor, cache: KVCache | None = None, mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.attn(self.norm_attn(x), cache, mask)
         return x + self.mlp(self.norm_mlp(x))
 
