@@ -20,7 +20,9 @@ sandbox as `transformers`' apply_chat_template does. Otherwise (a bare tokenizer
 count in the loss: with a Jinja template, the text that message i adds after the conversation up to
 it with the generation prompt (so a reply's end-of-turn token counts, its header does not). A token
 counts when its first character is in a reply; a template that does not render a conversation as
-an extension of its prefixes is refused.
+an extension of its prefixes is refused. The template sees the tokenizer's special tokens (bos_token,
+eos_token, ...) and raise_exception, as in `transformers`; not strftime_now, so that the same records
+give the same bytes on any day (Llama 3.1's template then writes its default date).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from {{ cookiecutter.package_name }}.errors import RecipeError
 ROLES = ("system", "user", "assistant")
 PLAIN = "plain"  # --chat_template plain: the template above, whatever the tokenizer holds
 TOKENIZER_CONFIG, TEMPLATE_FILE = "tokenizer_config.json", "chat_template.jinja"
+SPECIAL_TOKENS = "special_tokens_map.json"
 
 
 @dataclass(frozen=True)
@@ -109,13 +112,20 @@ def _compiled(source: str) -> Any:
         def raise_exception(message: str) -> None:
             raise RecipeError(f"the tokenizer's chat template refused a record: {message}")
 
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])  # fmt: skip
-        environment.filters["tojson"] = lambda value, indent=None, **_: json.dumps(
-            value, indent=indent, ensure_ascii=False
+        environment = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
         )
+        environment.filters["tojson"] = _tojson
         environment.globals["raise_exception"] = raise_exception
         _templates[source] = environment.from_string(source)
     return _templates[source]
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    """Jinja's `tojson` as chat templates expect it (transformers' version: no HTML escaping)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def find_chat_template(tokenizer_path: Path | None, choice: str | None, eos_token: str) -> ChatTemplate:
@@ -138,6 +148,11 @@ def find_chat_template(tokenizer_path: Path | None, choice: str | None, eos_toke
         source = (folder / TEMPLATE_FILE).read_text()
     if isinstance(source, list):  # several named templates: the default one
         source = next((entry.get("template") for entry in source if entry.get("name") == "default"), None)
+    if (folder / SPECIAL_TOKENS).is_file():  # older folders keep bos_token, eos_token, ... here
+        try:
+            config = {**json.loads((folder / SPECIAL_TOKENS).read_text()), **config}
+        except ValueError as error:
+            raise RecipeError(f"--tokenizer {str(folder)!r}: unreadable {SPECIAL_TOKENS} ({error})") from None
     special_tokens = {
         key: value["content"] if isinstance(value, dict) else value
         for key, value in config.items()
