@@ -31,6 +31,7 @@ TASK_FILES = {
         *(f"tests/e2e/test_{name}.py" for name in ("llama", "prepared_training", "benchmarks", "bad_input")),
         *(f"tests/e2e/test_{name}.py" for name in ("checkpoint_cli", "mixed_precision", "plan_written", "resume")),
         *(f"tests/e2e/test_{name}.py" for name in ("strategies", "remote_corpus")),
+        *("tests/unit/test_sft.py", "tests/e2e/test_sft_resume.py"),
     ],
     "image_classification": [
         *(f"tests/unit/test_{name}.py" for name in ("vit", "vit_sizing", "image_data", "image_commands")),

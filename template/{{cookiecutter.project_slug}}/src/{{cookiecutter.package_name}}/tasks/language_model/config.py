@@ -120,6 +120,12 @@ class DataConfig:
         cache_gb: Size bound of that cache in GB; the least recently read shards go first. It must
             hold 2 x 2 x shuffle_blocks of the largest shard (a block may read the start of the next
             shard); the run refuses to start otherwise.
+        format: stream (the tokens are one stream cut into windows of block_size; every token counts
+            in the loss) or sft (supervised fine-tuning: chat examples, each kept whole in a sequence,
+            the loss on the assistant replies only; source prepared, from `prepare --format sft`, or
+            embedded, the demo conversations). data/sft.py.
+        packing: sft only: several examples fill one sequence, each attending only to itself (true),
+            or one example per sequence, padded (false). Either way the loss is the same.
     """
 
     source: Literal["embedded", "text", "tokens", "prepared"] = "embedded"
@@ -130,6 +136,8 @@ class DataConfig:
     shuffle_blocks: int = 8
     cache_dir: str | None = None
     cache_gb: float = 50.0
+    format: Literal["stream", "sft"] = "stream"
+    packing: bool = True
 
 
 @dataclass
