@@ -75,7 +75,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def evaluate(checkpoint: Path, tasks: Path, capsys: pytest.CaptureFixture[str]) -> dict:
     """`evaluate CHECKPOINT --tasks TASK --log_samples` in-process; the JSON it wrote beside the checkpoint."""
-    main(["evaluate", str(checkpoint), "--tasks", f"[{TASK}]", "--include_path", str(tasks), "--log_samples", "true"])
+    main(["evaluate", str(checkpoint), "--tasks", TASK, "--include_path", str(tasks), "--log_samples", "true"])
     written = checkpoint.with_name(checkpoint.name + ".eval.json")
     assert f"Wrote {written}" in capsys.readouterr().out
     return json.loads(written.read_text())

@@ -69,7 +69,7 @@ def test_a_task_whose_data_must_be_downloaded_is_refused_in_one_line(
     write_checkpoint(tmp_path / "run")
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "needs_the_hub.yaml").write_text(HUB_TASK)
-    arguments = ["--tasks", f"[{task}]", "--include_path", str(tmp_path / "tasks")]
+    arguments = ["--tasks", task, "--include_path", str(tmp_path / "tasks")]
     err = fail_with(["evaluate", str(tmp_path / "run"), *arguments], capsys)
     assert err.startswith(f"error: --tasks: {task} needs a data set that is not in the local Hugging Face cache")
     assert "Rowan/hellaswag" in err

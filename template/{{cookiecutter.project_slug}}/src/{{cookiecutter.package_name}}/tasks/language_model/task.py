@@ -43,8 +43,9 @@ class LanguageModel(Task):
         "export": "{{ cookiecutter.package_name }}.tasks.language_model.commands.export",
         "evaluate": "{{ cookiecutter.package_name }}.tasks.language_model.commands.evaluate",
     }
-    # The weights init_from named are in a checkpoint now; the folder they came from may be gone.
-    saved_recipe_overrides = ("--model.init_from", "null")
+    # The weights init_from named are in a checkpoint now; the folder they came from may be gone. The eval.tasks of
+    # training are not the checkpoint's: reading it needs neither lm-eval nor their folder.
+    saved_recipe_overrides = ("--model.init_from", "null", "--eval.tasks", "[]")
     recipe: LanguageModelRecipe
 
     @classmethod

@@ -1,4 +1,4 @@
-"""`<project> evaluate CHECKPOINT --tasks NAME [NAME ...]`: lm-evaluation-harness tasks on a checkpoint (evaluate.py)."""
+"""`<project> evaluate CHECKPOINT --tasks NAME[,NAME...]`: lm-evaluation-harness tasks on a checkpoint (evaluate.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
         " whose data sets are in the local Hugging Face cache, or YAML tasks with local data files (--include_path)."
     )
     parser.add_argument("checkpoint", help="A checkpoint folder, or a run: its newest.")
-    parser.add_argument("--tasks", type=list[str], required=True, help="lm-eval task names (or groups).")
+    parser.add_argument("--tasks", required=True, help="lm-eval task (or group) names, separated by commas.")
     parser.add_argument("--include_path", default=None, help="A folder of lm-eval task YAML files.")
     parser.add_argument("--limit", type=float, default=None, help="Examples per task (a fraction below 1).")
     parser.add_argument("--batch_size", type=int, default=8, help="Sequences per forward pass.")
@@ -36,7 +36,7 @@ def run(argv: list[str], prog: str) -> None:
 
     results, written = evaluate_checkpoint(
         path,
-        args.tasks,
+        [name.strip() for name in args.tasks.split(",") if name.strip()],
         include_path=args.include_path,
         limit=args.limit,
         batch_size=args.batch_size,
