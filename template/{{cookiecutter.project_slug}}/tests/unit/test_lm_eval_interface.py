@@ -4,6 +4,7 @@ eval.tasks settings that cannot run are refused in one line, exit 2."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,13 @@ def test_eval_tasks_that_cannot_run_are_refused_before_training(
 ) -> None:
     err = fail_with(train_args(tmp_path / "run", "--eval.tasks", "[some_task]", *overrides), capsys)
     assert expected in err
+
+
+def test_without_lm_eval_evaluate_and_eval_tasks_say_how_to_install_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # any import of it now raises ImportError, as where it is absent
+    write_checkpoint(tmp_path / "run")
+    assert fail_with(["evaluate", str(tmp_path / "run"), "--tasks", "x"], capsys).endswith("pip install .[eval]")
+    err = fail_with(train_args(tmp_path / "run", "--eval.tasks", "[x]"), capsys)
+    assert err.endswith("eval.tasks needs lm-evaluation-harness: pip install .[eval]")
