@@ -133,6 +133,9 @@ def project_lm(
         def tok_decode(self, tokens: list[int], **kwargs: Any) -> str:
             return decode(tokens)
 
+        def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[Any]:
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not show_progress)
+
         def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, **kwargs: Any) -> list[Any]:
             """(sum of the continuation's log-probabilities, whether it is the greedy continuation) of each request."""
             # As lm-eval's Hugging Face backend: the last max_length tokens of context + continuation feed the model.
@@ -143,7 +146,7 @@ def project_lm(
             order = sorted(range(len(windows)), key=lambda index: -len(windows[index][0]))  # similar lengths batched
             results: list[Any] = [None] * len(windows)
             batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-            for batch in self._progress(batches, "Scoring continuations", disable_tqdm):
+            for batch in self._progress(batches, "Scoring continuations", "batches", disable_tqdm):
                 inputs = [windows[index][0] for index in batch]
                 log_probs = self._log_probs(inputs)
                 for row, index in enumerate(batch):
@@ -159,7 +162,8 @@ def project_lm(
         def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
             """The log-likelihood of each whole text, over disjoint windows of at most max_length tokens."""
             scores = []
-            for (text,) in [request.args for request in requests]:
+            texts = [text for (text,) in [request.args for request in requests]]
+            for text in self._progress(texts, "Scoring texts", "texts", disable_tqdm):
                 windows = map(
                     make_disjoint_window,
                     get_rolling_token_windows(encode(text), self.prefix_token_id, block_size, context_len=1),
@@ -171,7 +175,8 @@ def project_lm(
         def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
             """Greedy continuations, cut at the first stop string (no KV cache: every rank runs the same forwards)."""
             outputs = []
-            for context, settings in self._progress([request.args for request in requests], "Generating", disable_tqdm):
+            arguments = [request.args for request in requests]
+            for context, settings in self._progress(arguments, "Generating", "texts", disable_tqdm):
                 stops = settings.get("until") or [decode([self.eot_token_id])]
                 stops = [stops] if isinstance(stops, str) else list(stops)
                 ids = encode(context)
@@ -201,8 +206,8 @@ def project_lm(
             logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits  # tensor parallel: a DTensor
             return F.log_softmax(logits.float(), dim=-1)
 
-        def _progress(self, items: list[Any], what: str, disable: bool) -> Iterable[Any]:
-            return counted(items, what, len(items), "batches") if show_progress and not disable else items
+        def _progress(self, items: list[Any], what: str, unit: str, disable: bool) -> Iterable[Any]:
+            return counted(items, what, len(items), unit) if show_progress and not disable else items
 
     return ProjectLM()
 
