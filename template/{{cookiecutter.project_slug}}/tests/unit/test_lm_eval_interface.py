@@ -92,6 +92,21 @@ def test_eval_tasks_that_cannot_run_are_refused_before_training(
     assert expected in err
 
 
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        (["--device", "abacus"], "--device 'abacus' is not a device"),
+        (["--batch_size", "0"], "--batch_size 0 must be >= 1"),
+        (["--limit", "0"], "--limit 0 must be > 0"),
+    ],
+)
+def test_bad_evaluate_arguments_are_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], arguments: list[str], expected: str
+) -> None:
+    write_checkpoint(tmp_path / "run")
+    assert expected in fail_with(["evaluate", str(tmp_path / "run"), "--tasks", "x", *arguments], capsys)
+
+
 def test_without_lm_eval_evaluate_and_eval_tasks_say_how_to_install_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

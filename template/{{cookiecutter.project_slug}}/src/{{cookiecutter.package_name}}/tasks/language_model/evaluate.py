@@ -267,10 +267,15 @@ def evaluate_checkpoint(
         raise RecipeError(f"--batch_size {batch_size} must be >= 1")
     if limit is not None and limit <= 0:
         raise RecipeError(f"--limit {limit:g} must be > 0 (examples per task, or a fraction of them below 1)")
+    try:
+        target = torch.device(device)
+    except RuntimeError:
+        raise RecipeError(f"--device {device!r} is not a device (cpu, cuda, cuda:1, ...)") from None
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise RecipeError(f"--device {device} but no CUDA GPU is visible on this machine (use --device cpu)")
     out = out or checkpoint.with_name(checkpoint.name + RESULTS_SUFFIX)
     tasks = load_tasks(task_names, include_path)  # refused before the model is read
     model, recipe = load_model(checkpoint)
-    target = torch.device(device)
     lm = project_lm(model.to(target), recipe, target, batch_size)
     results = run_tasks(lm, tasks, limit, log_samples, bootstrap_iters=100_000)  # lm-eval's default
     results["config"] = {"checkpoint": str(checkpoint), "limit": limit, "batch_size": batch_size, "device": device}
