@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.recipe.schema import EvalConfig, Recipe
 
 
 @dataclass
@@ -141,8 +141,30 @@ class DataConfig:
 
 
 @dataclass
+class LanguageModelEvalConfig(EvalConfig):
+    """Periodic validation, and downstream tasks of lm-evaluation-harness (`pip install .[eval]`) during training.
+
+    Args:
+        every_steps: Validate every this many steps and at the end; 0 disables validation.
+        batches: Micro-batches per device in one validation pass.
+        tasks: lm-eval tasks to score the model on during training (their scores are logged as
+            eval/<task>/<metric>); names of lm-eval's library whose data sets are in the local Hugging
+            Face cache, or of YAML tasks under tasks_include_path. Empty: none.
+        tasks_every_steps: Run the tasks every this many steps and at the end; 0: at validation's steps.
+        tasks_include_path: A folder of lm-eval task YAML files (with local data files).
+        tasks_limit: Examples per task (a fraction of them below 1); null: all.
+    """
+
+    tasks: list[str] = field(default_factory=list)
+    tasks_every_steps: int = 0
+    tasks_include_path: str | None = None
+    tasks_limit: float | None = None
+
+
+@dataclass
 class LanguageModelRecipe(Recipe):
     """A recipe of `task: language_model`: the machinery's sections plus this task's model and data."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    eval: LanguageModelEvalConfig = field(default_factory=LanguageModelEvalConfig)

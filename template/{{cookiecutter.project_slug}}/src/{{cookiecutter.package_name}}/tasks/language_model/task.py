@@ -2,19 +2,25 @@
 
 A sample is a window of model.block_size tokens cut from the data's token stream; the loss is the
 cross entropy of each next token; throughput counts tokens. Its other commands: `prepare` (text ->
-token shards), `sample` (continue a prompt) and `export` (to transformers).
+token shards), `sample` (continue a prompt), `export` (to transformers) and `evaluate` (lm-eval tasks).
 Importing this module does not import torch.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.base import ModelCost, Splits, Task
-from {{ cookiecutter.package_name }}.tasks.language_model.config import ARCH_ONLY_FIELDS, LanguageModelRecipe, ModelConfig
+from {{ cookiecutter.package_name }}.tasks.base import Benchmarks, ModelCost, Splits, Task
+from {{ cookiecutter.package_name }}.tasks.language_model.config import (
+    ARCH_ONLY_FIELDS,
+    LanguageModelEvalConfig,
+    LanguageModelRecipe,
+    ModelConfig,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -35,9 +41,11 @@ class LanguageModel(Task):
         "prepare": "{{ cookiecutter.package_name }}.tasks.language_model.commands.prepare",
         "sample": "{{ cookiecutter.package_name }}.tasks.language_model.commands.sample",
         "export": "{{ cookiecutter.package_name }}.tasks.language_model.commands.export",
+        "evaluate": "{{ cookiecutter.package_name }}.tasks.language_model.commands.evaluate",
     }
-    # The weights init_from named are in a checkpoint now; the folder they came from may be gone.
-    saved_recipe_overrides = ("--model.init_from", "null")
+    # The weights init_from named are in a checkpoint now; the folder they came from may be gone. The eval.tasks of
+    # training are not the checkpoint's: reading it needs neither lm-eval nor their folder.
+    saved_recipe_overrides = ("--model.init_from", "null", "--eval.tasks", "[]")
     recipe: LanguageModelRecipe
 
     @classmethod
@@ -77,6 +85,7 @@ class LanguageModel(Task):
                 " (byte-level tokens need 256)"
             )
         check_model(model)
+        check_eval_tasks(self.recipe.eval)
 
     def tensor_parallel_dimensions(self) -> dict[str, int]:
         return {f"model.{key}": size for key, size in self.recipe.model.tensor_parallel_dimensions().items()}
@@ -174,6 +183,13 @@ class LanguageModel(Task):
 
         return {**computed, "perplexity": math.exp(computed["loss"])}
 
+    def benchmarks(self) -> Benchmarks | None:
+        if not self.recipe.eval.tasks:
+            return None
+        from {{ cookiecutter.package_name }}.tasks.language_model.evaluate import TrainingEvaluation
+
+        return TrainingEvaluation(self.recipe)
+
     def flops_per_unit(self) -> float:
         from {{ cookiecutter.package_name }}.tasks.language_model.families import training_flops_per_token
 
@@ -183,6 +199,24 @@ class LanguageModel(Task):
 def counted_targets(targets: torch.Tensor) -> torch.Tensor:
     """How many targets count in the loss: those that are not IGNORE_INDEX (-100, F.cross_entropy's default)."""
     return (targets != -100).sum()
+
+
+def check_eval_tasks(config: LanguageModelEvalConfig) -> None:
+    """eval.tasks* settings that can run (the tasks themselves are loaded when training starts)."""
+    if config.tasks_every_steps < 0:
+        raise RecipeError(f"eval.tasks_every_steps={config.tasks_every_steps} must be >= 0 (0: at validation's steps)")
+    if config.tasks_limit is not None and config.tasks_limit <= 0:
+        raise RecipeError(f"eval.tasks_limit={config.tasks_limit} must be > 0 (or null: every example)")
+    if not config.tasks:
+        return
+    if not (config.tasks_every_steps or config.every_steps):
+        raise RecipeError("eval.tasks are set but never run: set eval.tasks_every_steps (or eval.every_steps) > 0")
+    if config.tasks_include_path is not None and not Path(config.tasks_include_path).is_dir():
+        raise RecipeError(
+            f"eval.tasks_include_path={config.tasks_include_path} is not a folder (of lm-eval task YAML files)"
+        )
+    if importlib.util.find_spec("lm_eval") is None:
+        raise RecipeError("eval.tasks needs lm-evaluation-harness: pip install .[eval]")
 
 
 def check_model(model: ModelConfig) -> None:
