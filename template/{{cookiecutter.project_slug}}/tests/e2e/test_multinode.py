@@ -30,12 +30,14 @@ from helpers import (
 )
 
 from {{ cookiecutter.package_name }}.checkpoint.layout import find_latest
+from {{ cookiecutter.package_name }}.cluster.launchers import torchrun_command
 from {{ cookiecutter.package_name }}.errors import ExitCode
 
 pytestmark = pytest.mark.slow
 MAX_STEPS = 8
 SCRIPT = PROJECT / "src" / PACKAGE / "train.py"
 FABRIC = Path(sys.executable).with_name("fabric")  # the `fabric` command of this environment
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run")  # the `torchrun` command of this environment
 
 
 # What every run here shares (resume auto: a rerun continues).
@@ -91,18 +93,17 @@ def descendants(pid: int) -> list[int]:
 def two_nodes(launcher: str, out_dir: Path, *extra: str, **env: str) -> list[tuple[int, str, str]]:
     """The same launcher on node ranks 0 and 1 (one process each), meeting over loopback."""
     port = str(free_port())
-    flags = {
-        "fabric": [str(FABRIC), "run", "--accelerator", "cpu", "--devices", "1", "--num-nodes", "2"],
-        "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--nnodes", "2"],
-    }[launcher]
-    address = {
-        "fabric": ["--main-address", "127.0.0.1", "--main-port", port],
-        "torchrun": ["--master-addr", "127.0.0.1", "--master-port", port],
-    }[launcher]
-    # After `--` fabric run passes every argument to the script, including names it has too (--devices).
-    script = [str(SCRIPT), "--"] if launcher == "fabric" else [str(SCRIPT)]
     args = recipe_args(out_dir, *SHARED, "--devices", "1", "--num_nodes", "2", *extra)
-    launches = [start([*flags, "--node-rank", str(r), *address, *script, *args], **env) for r in (0, 1)]
+
+    def command(rank: int) -> list[str]:
+        if launcher == "torchrun":  # the command `k8s` writes into every pod, with this machine's torchrun
+            return torchrun_command(2, 1, str(rank), "127.0.0.1", port, args, torchrun=TORCHRUN)
+        # After `--` fabric run passes every argument to the script, including names it has too (--devices).
+        fabric = [str(FABRIC), "run", "--accelerator", "cpu", "--devices", "1", "--num-nodes", "2"]
+        address = ["--main-address", "127.0.0.1", "--main-port", port]
+        return [*fabric, "--node-rank", str(rank), *address, str(SCRIPT), "--", *args]
+
+    launches = [start(command(rank), **env) for rank in (0, 1)]
     return [finish(launch) for launch in launches]
 
 

@@ -1,4 +1,4 @@
-"""Commands that only read recipes start without torch: `--help`, `recipes list`, `plan` and `submit --help` run
+"""Commands that only read recipes start without torch: `--help`, `recipes list`, `plan`, `submit --help` and `k8s` run
 with torch made unimportable (that `plan`'s parameter count, computed without torch, is the built model's is in
 each task's tests: test_sizing.py, test_vit.py)."""
 
@@ -9,7 +9,15 @@ from helpers import run_cli_without
 
 
 @pytest.mark.parametrize(
-    "command", [["--help"], ["recipes", "list"], ["plan", "cpu-debug"], ["submit", "--help"]], ids=" ".join
+    "command",
+    [
+        ["--help"],
+        ["recipes", "list"],
+        ["plan", "cpu-debug"],
+        ["submit", "--help"],
+        ["k8s", "cpu-debug", "--kind", "rayjob", "--image", "img", "--pvc", "runs", "--out_dir", "/runs/a"],
+    ],
+    ids=" ".join,
 )
 def test_command_runs_without_torch(command: list[str]) -> None:
     result = run_cli_without(("torch",), *command)

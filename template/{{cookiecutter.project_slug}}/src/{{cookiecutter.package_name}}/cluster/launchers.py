@@ -10,17 +10,44 @@ flag differs from the recipe, is refused with one line naming both values (exit 
 from __future__ import annotations
 
 import os
-
-from lightning.fabric import Fabric
-from lightning.fabric.plugins.environments import SLURMEnvironment
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from {{ cookiecutter.package_name }}.cluster.lifecycle import mark_launcher
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+
+if TYPE_CHECKING:  # this module is imported by commands that only write job files: no torch at the top
+    from lightning.fabric import Fabric
+
+    from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+
+PACKAGE = "{{ cookiecutter.package_name }}"
 
 # `fabric run` exports its flags as LT_* variables for Fabric(...) to compare with its own arguments.
 FABRIC_RUN_FLAGS = ("devices", "num_nodes", "accelerator", "strategy", "precision")
 PRECISION_ALIASES = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "64": "64-true"}
+
+
+def torchrun_command(
+    nodes: int,
+    devices: int,
+    node_rank: str,
+    master_addr: str,
+    master_port: str,
+    train_args: Sequence[str],
+    torchrun: Sequence[str] = ("torchrun",),
+) -> list[str]:
+    """torchrun with a static rendezvous: `devices` processes on each of `nodes` nodes, each `<package> train
+    train_args`. The one builder of this command: `k8s` writes it into every pod, the launcher tests run it."""
+    return [
+        *torchrun,
+        "--nnodes", str(nodes),
+        "--nproc-per-node", str(devices),
+        "--node-rank", node_rank,
+        "--master-addr", master_addr,
+        "--master-port", master_port,
+        "-m", PACKAGE, "train", *train_args,
+    ]  # fmt: skip
 
 
 def launched_by_fabric_run() -> bool:
@@ -49,7 +76,7 @@ def check_launcher(recipe: Recipe, accelerator: str) -> None:
                 f" --nproc-per-node/--nnodes to the recipe, or override it with --devices {local}"
                 f" --num_nodes {max(1, world // max(local, 1))}"
             )
-    elif SLURMEnvironment.detect():
+    elif slurm_detected():
         tasks = int(os.environ["SLURM_NTASKS"])
         if tasks != recipe.world_size:
             raise RecipeError(
@@ -57,6 +84,13 @@ def check_launcher(recipe: Recipe, accelerator: str) -> None:
                 f" num_nodes={recipe.num_nodes} = {recipe.world_size}: match --nodes/--ntasks-per-node to the"
                 " recipe, or override it with --devices and --num_nodes"
             )
+
+
+def slurm_detected() -> bool:
+    """Whether srun started this process (Lightning's own test, imported here: it loads torch)."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    return SLURMEnvironment.detect()
 
 
 def _check_torchrun_restarts() -> None:

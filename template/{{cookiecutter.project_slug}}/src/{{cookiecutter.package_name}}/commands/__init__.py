@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "plan": "{{ cookiecutter.package_name }}.commands.plan",
     "slurm": "{{ cookiecutter.package_name }}.commands.slurm",
     "submit": "{{ cookiecutter.package_name }}.commands.submit",
+    "k8s": "{{ cookiecutter.package_name }}.commands.k8s",
     "report": "{{ cookiecutter.package_name }}.commands.report",
     "data": "{{ cookiecutter.package_name }}.commands.data",
 }

@@ -121,6 +121,18 @@ class ModelCost(Protocol):
         ...
 
 
+class Benchmarks(Protocol):
+    """Downstream benchmarks a task scores its model on during training (`Task.benchmarks`)."""
+
+    def due(self, step: int, max_steps: int) -> bool:
+        """Whether they run after this optimizer step."""
+        ...
+
+    def run(self, fabric: Any, model: Any) -> dict[str, float]:
+        """Their scores by name (logged as eval/<name>), on every rank alike; the model is Fabric's wrapper."""
+        ...
+
+
 class Task:
     """A workload behind the interface the machinery uses; subclasses implement it.
 
@@ -235,6 +247,11 @@ class Task:
     def validation_results(self, computed: dict[str, float]) -> dict[str, float]:
         """The figures logged after a validation pass, from the computed metrics (add derived ones here)."""
         return computed
+
+    def benchmarks(self) -> Benchmarks | None:
+        """The downstream benchmarks the recipe asks for during training, loaded (or refused in one line) before
+        the first step; None when it asks for none."""
+        return None
 
     def flops_per_unit(self) -> float | None:
         """Model FLOPs of one forward and backward pass per unit (MFU); None when unknown."""

@@ -105,6 +105,10 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
             started = time.perf_counter()
             results = validate(fabric, task, model, run.val_batches)
             monitor.log_validation(step, results, seconds=time.perf_counter() - started)
+        if run.benchmarks is not None and run.benchmarks.due(step, max_steps):  # eval.tasks: every rank runs them
+            started = time.perf_counter()
+            scores = run.benchmarks.run(fabric, model)
+            monitor.log_validation(step, scores, seconds=time.perf_counter() - started, prefix="eval")
         checkpointer.poll()
         if checkpointer.due(step, decision.save_due) or decision.preempted:
             seconds = checkpointer.save(state)

@@ -358,12 +358,14 @@ class Monitor:
         )
         self.fabric.log_dict({"train/skipped_updates": float(skipped_updates)}, step=step)
 
-    def log_validation(self, step: int, results: dict[str, float], seconds: float) -> None:
-        """Log and show the task's validation figures; their time does not count against throughput."""
+    def log_validation(self, step: int, results: dict[str, float], seconds: float, prefix: str = "val") -> None:
+        """Log and show the task's validation figures (or, prefix "eval", its benchmarks' scores); their time does
+        not count against throughput."""
         self._excluded_seconds += seconds
-        metrics = {f"val/{name}": value for name, value in results.items()}
-        self.fabric.log_dict({**metrics, "time/validation_seconds": seconds}, step=step)
-        shown = " | ".join(f"val_{name} {value:.4f}" for name, value in results.items())
+        metrics = {f"{prefix}/{name}": value for name, value in results.items()}
+        timed = "time/validation_seconds" if prefix == "val" else f"time/{prefix}_seconds"
+        self.fabric.log_dict({**metrics, timed: seconds}, step=step)
+        shown = " | ".join(f"{prefix}_{name} {value:.4f}" for name, value in results.items())
         self.progress.write(f"step {step}/{self.max_steps} | {shown}")
 
     def log_checkpoint(self, step: int, path: Path, seconds: float) -> None:

@@ -30,6 +30,7 @@ from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.strategies import TrainingStrategy, strategy_for
 from {{ cookiecutter.package_name }}.tasks import Task, task_for
+from {{ cookiecutter.package_name }}.tasks.base import Benchmarks
 from {{ cookiecutter.package_name }}.training.monitor import build_loggers, new_run_id
 from {{ cookiecutter.package_name }}.training.optim import build_optimizer, build_scheduler
 
@@ -49,6 +50,7 @@ class Run:
     val_batches: list[Batch]
     state: dict[str, Any]
     resumed_from: Path | None
+    benchmarks: Benchmarks | None = None  # the task's downstream benchmarks during training (eval.tasks)
 
 
 # CPU training processes one node may start per core it can use: beyond that the processes only wait on each
@@ -110,6 +112,7 @@ def setup(recipe: Recipe) -> Run:
     """Launch the processes and build everything the loop trains; resumes from a checkpoint if the recipe says so."""
     task, strategy = task_for(recipe), strategy_for(recipe)
     splits = task.datasets()  # refuses data that is missing, too short or does not fit the model
+    benchmarks = task.benchmarks()  # refuses tasks that are unknown or whose data is not here
     # One run per out_dir: a live run's lock refuses this one before its checkpoints are even read. Refused at once
     # when this process launches the others; under torchrun/srun/`fabric run` the other ranks already run and wait
     # for rank 0, so they hear the refusal from it once connected.
@@ -173,4 +176,17 @@ def setup(recipe: Recipe) -> Run:
         fabric.print(f"Resumed from {resume_from} at step {state['step']}")
     elif recipe.checkpoint.resume == "auto":
         fabric.print(f"No checkpoint under {checkpoint_root(recipe)}: starting from step 0")
-    return Run(recipe, task, strategy, fabric, model, optimizer, scheduler, batches, val_batches, state, resume_from)
+    return Run(
+        recipe,
+        task,
+        strategy,
+        fabric,
+        model,
+        optimizer,
+        scheduler,
+        batches,
+        val_batches,
+        state,
+        resume_from,
+        benchmarks,
+    )

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.recipe.schema import EvalConfig, Recipe
 
 
 @dataclass
@@ -120,6 +120,12 @@ class DataConfig:
         cache_gb: Size bound of that cache in GB; the least recently read shards go first. It must
             hold 2 x 2 x shuffle_blocks of the largest shard (a block may read the start of the next
             shard); the run refuses to start otherwise.
+        format: stream (the tokens are one stream cut into windows of block_size; every token counts
+            in the loss) or sft (supervised fine-tuning: chat examples, each kept whole in a sequence,
+            the loss on the assistant replies only; source prepared, from `prepare --format sft`, or
+            embedded, the demo conversations). data/sft.py.
+        packing: sft only: several examples fill one sequence, each attending only to itself (true),
+            or one example per sequence, padded (false). Either way the loss is the same.
     """
 
     source: Literal["embedded", "text", "tokens", "prepared"] = "embedded"
@@ -130,6 +136,29 @@ class DataConfig:
     shuffle_blocks: int = 8
     cache_dir: str | None = None
     cache_gb: float = 50.0
+    format: Literal["stream", "sft"] = "stream"
+    packing: bool = True
+
+
+@dataclass
+class LanguageModelEvalConfig(EvalConfig):
+    """Periodic validation, and downstream tasks of lm-evaluation-harness (`pip install .[eval]`) during training.
+
+    Args:
+        every_steps: Validate every this many steps and at the end; 0 disables validation.
+        batches: Micro-batches per device in one validation pass.
+        tasks: lm-eval tasks to score the model on during training (their scores are logged as
+            eval/<task>/<metric>); names of lm-eval's library whose data sets are in the local Hugging
+            Face cache, or of YAML tasks under tasks_include_path. Empty: none.
+        tasks_every_steps: Run the tasks every this many steps and at the end; 0: at validation's steps.
+        tasks_include_path: A folder of lm-eval task YAML files (with local data files).
+        tasks_limit: Examples per task (a fraction of them below 1); null: all.
+    """
+
+    tasks: list[str] = field(default_factory=list)
+    tasks_every_steps: int = 0
+    tasks_include_path: str | None = None
+    tasks_limit: float | None = None
 
 
 # The projections of a block that LoRA may adapt, by family: attention's and the MLP's linear layers.
@@ -167,4 +196,5 @@ class LanguageModelRecipe(Recipe):
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    eval: LanguageModelEvalConfig = field(default_factory=LanguageModelEvalConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)

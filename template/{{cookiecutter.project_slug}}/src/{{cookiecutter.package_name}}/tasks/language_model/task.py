@@ -2,19 +2,25 @@
 
 A sample is a window of model.block_size tokens cut from the data's token stream; the loss is the
 cross entropy of each next token; throughput counts tokens. Its other commands: `prepare` (text ->
-token shards), `sample` (continue a prompt) and `export` (to transformers).
+token shards), `sample` (continue a prompt), `export` (to transformers) and `evaluate` (lm-eval tasks).
 Importing this module does not import torch.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.base import ModelCost, Splits, Task
-from {{ cookiecutter.package_name }}.tasks.language_model.config import ARCH_ONLY_FIELDS, LanguageModelRecipe, ModelConfig
+from {{ cookiecutter.package_name }}.tasks.base import Benchmarks, ModelCost, Splits, Task
+from {{ cookiecutter.package_name }}.tasks.language_model.config import (
+    ARCH_ONLY_FIELDS,
+    LanguageModelEvalConfig,
+    LanguageModelRecipe,
+    ModelConfig,
+)
 from {{ cookiecutter.package_name }}.tasks.language_model.lora import check_lora
 
 if TYPE_CHECKING:
@@ -36,16 +42,19 @@ class LanguageModel(Task):
         "prepare": "{{ cookiecutter.package_name }}.tasks.language_model.commands.prepare",
         "sample": "{{ cookiecutter.package_name }}.tasks.language_model.commands.sample",
         "export": "{{ cookiecutter.package_name }}.tasks.language_model.commands.export",
+        "evaluate": "{{ cookiecutter.package_name }}.tasks.language_model.commands.evaluate",
     }
     recipe: LanguageModelRecipe
 
     @classmethod
     def saved_recipe_overrides(cls, saved: dict[str, Any]) -> list[str]:
+        # The eval.tasks of training are not the checkpoint's: reading it needs neither lm-eval nor their folder.
         # The weights init_from named are in a checkpoint now; the folder they came from may be gone. Not so under
         # LoRA: the checkpoint holds the adapters, init_from the base they adapt.
+        overrides = ["--eval.tasks", "[]"]
         if (saved.get("lora") or {}).get("rank") and (saved.get("model") or {}).get("init_from"):
-            return []
-        return ["--model.init_from", "null"]
+            return overrides
+        return ["--model.init_from", "null", *overrides]
 
     @classmethod
     def verify_prepared(cls, folder: Path) -> str:
@@ -71,12 +80,20 @@ class LanguageModel(Task):
             raise RecipeError(f"data.cache_gb={data.cache_gb} must be > 0")
         if data.source != "embedded" and not data.path:
             raise RecipeError(f"data.path is required when data.source={data.source}")
+        if data.format == "sft" and data.source not in ("embedded", "prepared"):
+            raise RecipeError(
+                f"data.format=sft reads chat examples: data.source must be prepared (prepare --format sft) or"
+                f" embedded (the demo conversations), not {data.source}"
+            )
+        if data.format != "sft" and not data.packing:
+            raise RecipeError("data.packing=false applies to data.format=sft only (remove it)")
         if data.source in ("embedded", "text") and model.vocab_size < 256:
             raise RecipeError(
                 f"model.vocab_size={model.vocab_size} is too small for data.source={data.source}"
                 " (byte-level tokens need 256)"
             )
         check_model(model)
+        check_eval_tasks(self.recipe.eval)
         check_lora(self.recipe)
 
     def tensor_parallel_dimensions(self) -> dict[str, int]:
@@ -146,17 +163,44 @@ class LanguageModel(Task):
         from {{ cookiecutter.package_name }}.tasks.language_model.data import load_splits
         from {{ cookiecutter.package_name }}.tasks.language_model.data.windows import TokenWindows
 
+        if self.recipe.data.format == "sft":
+            return self._example_datasets()
         train, validation = load_splits(self.recipe.data, self.recipe.model)
         block_size = self.recipe.model.block_size
         # Prepared shards are read in the shard-block order (data/sampler.py); the other sources keep a full shuffle.
         blocks = self.recipe.data.shuffle_blocks if self.recipe.data.source == "prepared" else None
         return Splits(TokenWindows(train, block_size, blocks), TokenWindows(validation, block_size))
 
+    def _example_datasets(self) -> Splits:
+        """data.format=sft: chat examples in sequences of block_size, packed or one a sequence (data/sft.py)."""
+        from {{ cookiecutter.package_name }}.tasks.language_model.data.sft import ExampleSequences
+        from {{ cookiecutter.package_name }}.tasks.language_model.data.sources import load_example_splits
+
+        data, block_size = self.recipe.data, self.recipe.model.block_size
+        train, validation = load_example_splits(data, self.recipe.model)
+        splits = Splits(
+            ExampleSequences(train, block_size, data.packing), ExampleSequences(validation, block_size, data.packing)
+        )
+        for name, part in (("training", splits.train), ("validation", splits.validation)):
+            if len(part) == 0:
+                raise RecipeError(f"data: the {name} split of data.path={data.path!r} holds no example")
+        return splits
+
     def loss(self, model: Any, batch: Any) -> torch.Tensor:
+        """Mean cross entropy of the next token over the targets that count.
+
+        A stream batch is (inputs, targets): every target counts. An sft batch adds, when packed, each
+        position's example id (the model attends within an example); its targets are IGNORE_INDEX outside the
+        replies, and a micro-batch without a counted target has loss 0 (not 0 / 0).
+        """
         import torch.nn.functional as F
 
-        inputs, targets = batch
-        return F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        inputs, targets, *documents = batch
+        if self.recipe.data.format != "sft":
+            return F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        logits = model(inputs, documents=documents[0]) if documents else model(inputs)
+        summed = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+        return summed / counted_targets(targets).clamp(min=1)
 
     def validation_metrics(self) -> dict[str, Metric]:
         from torchmetrics.aggregation import MeanMetric
@@ -164,18 +208,48 @@ class LanguageModel(Task):
         return {"loss": MeanMetric()}
 
     def validation_step(self, model: Any, batch: Any, metrics: dict[str, Metric]) -> None:
-        _, targets = batch
-        metrics["loss"].update(self.loss(model, batch), weight=targets.numel())  # the mean over every token
+        # The mean over every counted token: each batch's mean weighted by its counted targets.
+        metrics["loss"].update(self.loss(model, batch), weight=counted_targets(batch[1]))
 
     def validation_results(self, computed: dict[str, float]) -> dict[str, float]:
         import math
 
         return {**computed, "perplexity": math.exp(computed["loss"])}
 
+    def benchmarks(self) -> Benchmarks | None:
+        if not self.recipe.eval.tasks:
+            return None
+        from {{ cookiecutter.package_name }}.tasks.language_model.evaluate import TrainingEvaluation
+
+        return TrainingEvaluation(self.recipe)
+
     def flops_per_unit(self) -> float:
         from {{ cookiecutter.package_name }}.tasks.language_model.families import training_flops_per_token
 
         return float(training_flops_per_token(self.recipe.model))
+
+
+def counted_targets(targets: torch.Tensor) -> torch.Tensor:
+    """How many targets count in the loss: those that are not IGNORE_INDEX (-100, F.cross_entropy's default)."""
+    return (targets != -100).sum()
+
+
+def check_eval_tasks(config: LanguageModelEvalConfig) -> None:
+    """eval.tasks* settings that can run (the tasks themselves are loaded when training starts)."""
+    if config.tasks_every_steps < 0:
+        raise RecipeError(f"eval.tasks_every_steps={config.tasks_every_steps} must be >= 0 (0: at validation's steps)")
+    if config.tasks_limit is not None and config.tasks_limit <= 0:
+        raise RecipeError(f"eval.tasks_limit={config.tasks_limit} must be > 0 (or null: every example)")
+    if not config.tasks:
+        return
+    if not (config.tasks_every_steps or config.every_steps):
+        raise RecipeError("eval.tasks are set but never run: set eval.tasks_every_steps (or eval.every_steps) > 0")
+    if config.tasks_include_path is not None and not Path(config.tasks_include_path).is_dir():
+        raise RecipeError(
+            f"eval.tasks_include_path={config.tasks_include_path} is not a folder (of lm-eval task YAML files)"
+        )
+    if importlib.util.find_spec("lm_eval") is None:
+        raise RecipeError("eval.tasks needs lm-evaluation-harness: pip install .[eval]")
 
 
 def check_model(model: ModelConfig) -> None:

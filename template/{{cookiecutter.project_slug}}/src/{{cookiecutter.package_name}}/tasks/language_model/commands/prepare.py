@@ -20,7 +20,10 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
     parser.add_argument(
         "--out", required=True, help="Folder or URL (s3://...) to write (must not exist); data.path of the recipe."
     )
-    parser.add_argument("--tokenizer", default=None, help="A Hugging Face tokenizer.json to tokenize with.")
+    parser.add_argument(
+        "--tokenizer", default=None,
+        help="A Hugging Face tokenizer.json to tokenize with (--format sft: or a tokenizer folder with its chat template).",
+    )  # fmt: skip
     parser.add_argument("--train_tokenizer", type=int, default=None, help="Train a byte-level BPE of this size.")
     parser.add_argument("--text_field", default="text", help="Text field of .jsonl records / column of .parquet.")
     parser.add_argument("--val_fraction", type=float, default=0.01, help="Share of tokens held out.")
@@ -30,6 +33,16 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
         "--engine", default="local", help="Where tokenizing runs: local (--workers processes) or ray (a Ray cluster)."
     )
     parser.add_argument("--tasks", type=int, default=None, help="Ray tasks (--engine ray; default: one per file).")
+    parser.add_argument(
+        "--format", default="text",
+        help="text (documents -> a token stream) or sft (.jsonl chat records with 'messages' or 'prompt'/'response'"
+        " -> examples whose loss counts the replies only; train with data.format: sft).",
+    )  # fmt: skip
+    parser.add_argument(
+        "--chat_template", default=None,
+        help="--format sft: plain (the project's plain template); default: the tokenizer folder's chat_template if it"
+        " has one, else plain.",
+    )  # fmt: skip
 
 
 def run(argv: list[str], prog: str) -> None:
@@ -39,11 +52,14 @@ def run(argv: list[str], prog: str) -> None:
 
     manifest = prepare(
         args.inputs, args.out, args.tokenizer, args.train_tokenizer, args.text_field, args.val_fraction,
-        args.workers, args.shard_tokens, engine=args.engine, tasks=args.tasks,
+        args.workers, args.shard_tokens, engine=args.engine, tasks=args.tasks, format=args.format,
+        chat_template=args.chat_template,
     )  # fmt: skip
     vocab = manifest["tokenizer"]["vocab_size"]
+    what = "examples" if "sft" in manifest else "documents"
     print(
-        f"Prepared {manifest['documents']:,} documents, {manifest['tokens']:,} tokens ({manifest['dtype']}) in"
+        f"Prepared {manifest['documents']:,} {what}, {manifest['tokens']:,} tokens ({manifest['dtype']}) in"
         f" {len(manifest['shards'])} shard(s) at {args.out}; validation: {manifest['validation']['tokens']:,} tokens"
     )
-    print(f"Train on it: data.source: prepared, data.path: {args.out}, model.vocab_size: >= {vocab}")
+    sft = ", data.format: sft" if "sft" in manifest else ""
+    print(f"Train on it: data.source: prepared, data.path: {args.out}{sft}, model.vocab_size: >= {vocab}")

@@ -12,6 +12,10 @@ the same inputs give the same bytes whatever the number of workers. Everything i
 that training accepts (see prepared.py for the folder's layout); an `--out` URL gets the finished
 folder uploaded, its manifest last (Destination). `engine="ray"` tokenizes in Ray tasks instead of
 local processes, with the same result (distributed.py).
+
+`format="sft"` reads .jsonl chat records instead (chat.py) and writes them as examples with a loss
+mask (sft.py), tokenized in this process; `--tokenizer` may then be a Hugging Face tokenizer folder,
+whose chat template is used.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from tokenizers import Tokenizer
 from {{ cookiecutter.package_name }}.checkpoint.layout import new_partial
 from {{ cookiecutter.package_name }}.cluster.lifecycle import end_with_parent
 from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.tasks.language_model.data.chat import ChatTemplate, find_chat_template
 from {{ cookiecutter.package_name }}.tasks.language_model.data.inputs import (
     Progress,
     Source,
@@ -54,7 +59,9 @@ from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import (
     count_token,
     validation_boundary,
 )
+from {{ cookiecutter.package_name }}.tasks.language_model.data.sft import rendered_texts, sft_manifest, write_examples
 from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import (
+    EOS_TOKEN,
     batches,
     encode_documents,
     eos_id,
@@ -65,6 +72,7 @@ from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import 
 
 SHARD_TOKENS = 1 << 28  # 512 MiB of uint16 per shard: few files (each stays memory-mapped) even for 100B tokens
 ENGINES = ("local", "ray")  # where tokenizing runs: processes on this machine, or Ray tasks (distributed.py)
+FORMATS = ("text", "sft")  # documents of text -> a token stream; chat records -> examples with a loss mask
 
 
 _worker_tokenizer: Tokenizer | None = None
@@ -136,12 +144,24 @@ def prepare(
     progress: bool = True,
     engine: str = "local",
     tasks: int | None = None,
+    format: str = "text",
+    chat_template: str | None = None,
 ) -> dict[str, Any]:
     """Tokenize the inputs into a prepared folder at `out` (a folder or a URL); return its manifest.
 
     Checks everything it can first. `engine="ray"` tokenizes in `tasks` Ray tasks (distributed.py);
-    the folder is the same, byte for byte.
+    the folder is the same, byte for byte. `format="sft"`: chat records, `chat_template` "plain" or
+    None (the tokenizer's own when it has one).
     """
+    if format not in FORMATS:
+        raise RecipeError(f"--format {format!r}: use one of {', '.join(FORMATS)}")
+    if format == "sft" and engine != "local":
+        raise RecipeError("--format sft tokenizes in this process: leave out --engine")
+    if format != "sft" and chat_template is not None:
+        raise RecipeError("--chat_template applies to --format sft only")
+    tokenizer_folder = None if tokenizer_file is None else Path(tokenizer_file)  # where a chat template is looked for
+    if tokenizer_folder is not None and format == "sft" and tokenizer_folder.is_dir():
+        tokenizer_file = str(tokenizer_folder / TOKENIZER)
     if (tokenizer_file is None) == (train_tokenizer is None):
         raise RecipeError("prepare needs exactly one of --tokenizer tokenizer.json or --train_tokenizer VOCAB_SIZE")
     if not 0 < val_fraction < 1:
@@ -164,23 +184,30 @@ def prepare(
     sources = find_inputs(inputs)
     if sum(source.size for source in sources) == 0:
         raise RecipeError(f"inputs {' '.join(inputs)}: all {len(sources)} files are empty (empty input)")
-    check_text_field(sources, text_field)
+    if format == "text":
+        check_text_field(sources, text_field)
     tokenizer = None if tokenizer_file is None else load_tokenizer(Path(tokenizer_file))
-    if tokenizer is not None:
-        eos_id(tokenizer, f"--tokenizer {tokenizer_file!r}")
+    eos_token = EOS_TOKEN if tokenizer is None else eos_id(tokenizer, f"--tokenizer {tokenizer_file!r}")[0]
+    template = None
+    if format == "sft":  # a trained tokenizer has no chat template: the plain one
+        template = find_chat_template(tokenizer_folder, chat_template, eos_token)
 
     with destination.local_folder() as target:
         partial = new_partial(target)
         try:
             if tokenizer is None:
-                tokenizer = train_byte_level_bpe(
-                    iter_documents(sources, text_field), train_tokenizer or 0, progress and sys.stderr.isatty()
-                )
+                texts = iter_documents(sources, text_field) if template is None else rendered_texts(sources, template)
+                tokenizer = train_byte_level_bpe(texts, train_tokenizer or 0, progress and sys.stderr.isatty())
                 _refuse_empty(sources, inputs)
             parallel = Parallel(engine, workers, tasks or len(sources))
-            manifest = _write_folder(
-                partial, sources, tokenizer, text_field, val_fraction, parallel, shard_tokens, progress
-            )
+            if template is None:
+                manifest = _write_folder(
+                    partial, sources, tokenizer, text_field, val_fraction, parallel, shard_tokens, progress
+                )
+            else:
+                manifest = _write_sft_folder(
+                    partial, sources, tokenizer, template, val_fraction, shard_tokens, progress
+                )
             _refuse_empty(sources, inputs)
             manifest["tokenizer"]["trained_on_inputs"] = train_tokenizer is not None
             (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -256,6 +283,47 @@ def _refuse_empty(sources: list[Source], inputs: list[str]) -> None:
         raise RecipeError(f"inputs {' '.join(inputs)}: {len(sources)} files but no non-empty document (empty input)")
 
 
+def _write_sft_folder(
+    folder: Path, sources: list[Source], tokenizer: Tokenizer, template: ChatTemplate, val_fraction: float,
+    shard_tokens: int, show_progress: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """Tokenizer, token and loss-mask shards, example offsets and the validation split; the manifest (not written)."""
+    manifest, dtype = _tokenizer_part(folder, tokenizer)
+    writers = (ShardWriter(folder, dtype, shard_tokens), ShardWriter(folder, np.dtype(np.uint8), shard_tokens, "mask"))
+    progress = Progress(sum(source.size for source in sources), enabled=show_progress)
+    try:
+        offsets, loss_tokens = write_examples(folder, sources, tokenizer, template, writers, progress)
+    finally:
+        progress.close()
+    shards, masks = writers[0].close(), writers[1].close()
+    return {
+        **manifest,
+        "tokens": int(offsets[-1]),
+        "documents": len(offsets) - 1,
+        "max_token_id": writers[0].max_token_id,
+        "shards": shards,
+        **sft_manifest(offsets, loss_tokens, masks, template, val_fraction),
+        "sources": [{"path": s.name(), "format": s.format, "bytes": s.size, "documents": s.documents} for s in sources],
+    }
+
+
+def _tokenizer_part(folder: Path, tokenizer: Tokenizer) -> tuple[dict[str, Any], np.dtype]:
+    """Write tokenizer.json; the manifest's format, tokenizer and dtype, and the dtype of the token shards."""
+    tokenizer_text = tokenizer.to_str(pretty=True)
+    (folder / TOKENIZER).write_bytes(tokenizer_text.encode("utf-8"))
+    eos_token, eos = eos_id(tokenizer, "tokenizer")
+    size = vocab_size(tokenizer)
+    dtype = np.dtype(np.uint16 if size <= 1 << 16 else np.uint32)
+    tokenizer_entry = {
+        "file": TOKENIZER,
+        "sha256": hashlib.sha256(tokenizer_text.encode("utf-8")).hexdigest(),
+        "vocab_size": size,
+        "eos_token": eos_token,
+        "eos_id": eos,
+    }
+    return {"format": FORMAT, "tokenizer": tokenizer_entry, "dtype": dtype.name}, dtype
+
+
 def _write_folder(
     folder: Path,
     sources: list[Source],
@@ -267,11 +335,8 @@ def _write_folder(
     show_progress: bool,
 ) -> dict[str, Any]:
     """Tokenizer, shards and the validation split into `folder`; the manifest (not yet written)."""
-    tokenizer_text = tokenizer.to_str(pretty=True)
-    (folder / TOKENIZER).write_bytes(tokenizer_text.encode("utf-8"))
-    eos_token, eos = eos_id(tokenizer, "tokenizer")
-    size = vocab_size(tokenizer)
-    dtype = np.dtype(np.uint16 if size <= 1 << 16 else np.uint32)
+    manifest, dtype = _tokenizer_part(folder, tokenizer)
+    eos = manifest["tokenizer"]["eos_id"]
     writer = ShardWriter(folder, dtype, shard_tokens)
     progress = Progress(sum(source.size for source in sources), enabled=show_progress)
     try:
@@ -288,15 +353,7 @@ def _write_folder(
     tokens = ShardedTokens([np.memmap(folder / shard["file"], dtype=dtype, mode="r") for shard in shards])
     boundary = validation_boundary(tokens, eos, val_fraction) if len(tokens) else 0
     return {
-        "format": FORMAT,
-        "tokenizer": {
-            "file": TOKENIZER,
-            "sha256": hashlib.sha256(tokenizer_text.encode("utf-8")).hexdigest(),
-            "vocab_size": size,
-            "eos_token": eos_token,
-            "eos_id": eos,
-        },
-        "dtype": dtype.name,
+        **manifest,
         "tokens": len(tokens),
         "documents": sum(source.documents for source in sources),
         "max_token_id": writer.max_token_id,

@@ -5,6 +5,9 @@
     tokenizer.json   the Hugging Face `tokenizers` tokenizer the shards were made with
     shard-NNNNN.bin  token ids, numpy `tofile` of the manifest's dtype; documents joined with EOS
 
+A folder of chat examples (`prepare --format sft`) adds loss-mask shards and the examples' offsets,
+listed in the manifest's `sft` section (sft.py).
+
 A folder is accepted only when its manifest is complete and every file matches it, so an
 interrupted `prepare` (which leaves `OUT.partial`) or a damaged shard is refused before training.
 """
@@ -105,10 +108,10 @@ class ShardedTokens:
 
 
 class ShardWriter:
-    """Appends tokens to shard-NNNNN.bin files of `shard_tokens` tokens each; hashes them as they are written."""
+    """Appends tokens to PREFIX-NNNNN.bin files of `shard_tokens` tokens each; hashes them as they are written."""
 
-    def __init__(self, folder: Path, dtype: np.dtype, shard_tokens: int) -> None:
-        self.folder, self.dtype, self.shard_tokens = folder, dtype, shard_tokens
+    def __init__(self, folder: Path, dtype: np.dtype, shard_tokens: int, prefix: str = "shard") -> None:
+        self.folder, self.dtype, self.shard_tokens, self.prefix = folder, dtype, shard_tokens, prefix
         self.shards: list[dict[str, Any]] = []
         self.max_token_id = -1
         self._file: Any = None
@@ -121,7 +124,7 @@ class ShardWriter:
             self.max_token_id = max(self.max_token_id, int(tokens.max()))
         while len(tokens):
             if self._file is None:
-                name = f"shard-{len(self.shards):05d}.bin"
+                name = f"{self.prefix}-{len(self.shards):05d}.bin"
                 self._file, self._hash, self._count = (self.folder / name).open("wb"), hashlib.sha256(), 0
                 self.shards.append({"file": name, "tokens": 0, "sha256": ""})
             piece, tokens = tokens[: self.shard_tokens - self._count], tokens[self.shard_tokens - self._count :]
@@ -181,6 +184,10 @@ def verify(folder: Path, manifest: dict[str, Any], checksums: bool = False, fiel
     itemsize = np.dtype(manifest["dtype"]).itemsize
     files = [Listed(TOKENIZER, None, manifest["tokenizer"]["sha256"])]
     files += [Listed(shard["file"], shard["tokens"] * itemsize, shard["sha256"]) for shard in manifest["shards"]]
+    if isinstance(sft := manifest.get("sft"), dict):  # chat examples: one mask byte per token, int64 offsets
+        files += [Listed(mask["file"], mask["tokens"], mask["sha256"]) for mask in sft["loss_mask"]]
+        examples = sft["examples"]
+        files.append(Listed(examples["file"], (examples["count"] + 1) * 8, examples["sha256"]))
     check_files(folder, files, checksums, field)
 
 

@@ -22,6 +22,7 @@ from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import (
     remote_tokenizer,
     verify,
 )
+from {{ cookiecutter.package_name }}.tasks.language_model.data.sft import Examples, demo_examples, open_examples
 from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import load_tokenizer, vocab_size
 
 
@@ -99,12 +100,31 @@ def load_splits(config: DataConfig, model: ModelConfig) -> tuple[Any, Any]:
     else:
         tokens, manifest = open_prepared(Path(config.path or ""), checksums=hashed_here(config.verify))
         tokenizer = Path(config.path or "") / TOKENIZER
-    _check_vocab_size(config, model, manifest, tokenizer)
+    check_vocab_size(config, model, manifest, tokenizer)
+    if "sft" in manifest:
+        raise RecipeError(
+            f"data.path={config.path!r} holds chat examples (prepare --format sft): train on it with data.format: sft"
+        )
     boundary = manifest["validation"]["first_token"]
     train, val = tokens.view(0, boundary), tokens.view(boundary, len(tokens))
     return _long_enough(
         train, val, model.block_size, hint="prepare more data, or prepare again with another --val_fraction"
     )
+
+
+def load_example_splits(config: DataConfig, model: ModelConfig) -> tuple[Examples, Examples]:
+    """(training, validation) chat examples of data.format=sft: the embedded demo, or a local prepared SFT folder."""
+    if config.source == "embedded":
+        examples = demo_examples()
+        return examples.split(len(examples) - max(1, round(len(examples) * config.val_fraction)))
+    if is_url(config.path):
+        raise RecipeError(
+            f"data.path={config.path!r}: data.format=sft reads a local prepared folder (copy it to each node)"
+        )
+    folder = Path(config.path or "")
+    tokens, manifest = open_prepared(folder, checksums=hashed_here(config.verify))
+    check_vocab_size(config, model, manifest, folder / TOKENIZER)
+    return open_examples(folder, manifest, tokens).split(manifest["validation"]["first_example"])
 
 
 def cache_folder(config: DataConfig) -> Path:
@@ -133,11 +153,11 @@ def describe_prepared(config: DataConfig, model: ModelConfig) -> str:
     if not folder.exists() and not folder.with_name(folder.name + ".partial").exists():
         return f"data: {folder} is not prepared yet (prepare INPUTS --out {folder} before training)"
     verify(folder, read_manifest(folder), checksums=False)
-    _check_vocab_size(config, model, read_manifest(folder), folder / TOKENIZER)
+    check_vocab_size(config, model, read_manifest(folder), folder / TOKENIZER)
     return f"data: {describe_folder(folder)} at {folder}"
 
 
-def _check_vocab_size(config: DataConfig, model: ModelConfig, manifest: dict[str, Any], tokenizer: Path) -> None:
+def check_vocab_size(config: DataConfig, model: ModelConfig, manifest: dict[str, Any], tokenizer: Path) -> None:
     """The model must hold every id of the folder's own tokenizer.json (read, not the manifest's claim) and the
     largest id `prepare` wrote (counted while writing the shards, which their digests tie to)."""
     vocabulary = vocab_size(load_tokenizer(tokenizer, "data.path"))

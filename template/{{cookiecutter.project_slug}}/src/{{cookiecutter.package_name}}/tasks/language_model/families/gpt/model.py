@@ -15,6 +15,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.families.documents import example_attention
 from {{ cookiecutter.package_name }}.tasks.language_model.families.kv_cache import KVCache, cached_attention
 
 
@@ -31,13 +32,14 @@ class CausalSelfAttention(nn.Module):
         self.v = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         batch, time, _ = x.shape
         # -1 heads: under tensor parallel each rank holds only its share of the heads.
         q, k, v = (layer(x).view(batch, time, -1, self.head_dim).transpose(1, 2) for layer in (self.q, self.k, self.v))
         if cache is None:
             dropout = self.dropout if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+            # `mask`: packed examples (documents.py), a block-diagonal causal mask; else the plain causal one.
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None)
         else:
             y = cached_attention(q, k, v, cache)
         return self.proj(y.transpose(1, 2).reshape(batch, time, -1))
@@ -67,8 +69,8 @@ class Block(nn.Module):
         self.norm_mlp = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.attn(self.norm_attn(x), cache)
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm_attn(x), cache, mask)
         return x + self.mlp(self.norm_mlp(x))
 
 
@@ -113,17 +115,24 @@ class GPT(nn.Module):
         else:
             nn.init.normal_(param, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
+    def forward(
+        self, idx: torch.Tensor, caches: list[KVCache] | None = None, documents: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Logits of shape (batch, time, vocab) for token ids of shape (batch, time).
 
         `caches` (generation): one per block (kv_cache.new_caches); `idx` are then the tokens after those cached.
+        `documents` (packed examples): each position's example id, (batch, time); attention stays inside an example.
         """
         start = caches[0].length if caches else 0
         time = idx.shape[1]
         if start + time > self.config.block_size:
             raise ValueError(f"sequence of {start + time} tokens exceeds block_size={self.config.block_size}")
-        positions = torch.arange(start, start + time, device=idx.device)
+        mask = None
+        if documents is None:
+            positions = torch.arange(start, start + time, device=idx.device)
+        else:
+            mask, positions = example_attention(documents)
         x = self.dropout(self.token_embedding(idx) + self.position_embedding(positions))
         for index, block in enumerate(self.blocks):
-            x = block(x) if caches is None else block(x, caches[index])
+            x = block(x, None, mask) if caches is None else block(x, caches[index])
         return self.lm_head(self.norm(x))

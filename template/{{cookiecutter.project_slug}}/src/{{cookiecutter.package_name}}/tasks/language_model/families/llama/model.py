@@ -15,6 +15,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
+from {{ cookiecutter.package_name }}.tasks.language_model.families.documents import example_attention
 from {{ cookiecutter.package_name }}.tasks.language_model.families.kv_cache import KVCache, cached_attention
 
 
@@ -49,7 +50,12 @@ class Attention(nn.Module):
         self.o = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         batch, time, _ = x.shape
         # -1 heads: under tensor parallel each rank holds its share of the query and of the key/value heads
@@ -58,7 +64,8 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         grouped = k.shape[1] != q.shape[1]
         if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
+            # `mask`: packed examples (documents.py), a block-diagonal causal mask; else the plain causal one.
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=grouped)
         else:
             y = cached_attention(q, k, v, cache, enable_gqa=grouped)
         return self.o(y.transpose(1, 2).reshape(batch, time, -1))
@@ -89,9 +96,14 @@ class Block(nn.Module):
         self.mlp = SwiGLU(config)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.norm_attn(x), cos, sin, cache)
+        x = x + self.attn(self.norm_attn(x), cos, sin, cache, mask)
         return x + self.mlp(self.norm_mlp(x))
 
 
@@ -138,10 +150,14 @@ class Llama(nn.Module):
         else:
             nn.init.normal_(param, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
+    def forward(
+        self, idx: torch.Tensor, caches: list[KVCache] | None = None, documents: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Logits of shape (batch, time, vocab) for token ids of shape (batch, time).
 
         `caches` (generation): one per block (kv_cache.new_caches); `idx` are then the tokens after those cached.
+        `documents` (packed examples): each position's example id, (batch, time); attention stays inside an example
+        and the rotary positions restart at each example.
         """
         start = caches[0].length if caches else 0
         time = idx.shape[1]
@@ -149,7 +165,11 @@ class Llama(nn.Module):
             raise ValueError(f"sequence of {start + time} tokens exceeds block_size={self.config.block_size}")
         cos, sin = rotary_tables(self.config, start + time, idx.device)
         cos, sin = cos[start:], sin[start:]
+        mask = None
+        if documents is not None:
+            mask, positions = example_attention(documents)
+            cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # (batch, 1, time, head_dim)
         x = self.token_embedding(idx)
         for index, block in enumerate(self.blocks):
-            x = block(x, cos, sin) if caches is None else block(x, cos, sin, caches[index])
+            x = block(x, cos, sin, None, mask) if caches is None else block(x, cos, sin, caches[index])
         return self.lm_head(self.norm(x))

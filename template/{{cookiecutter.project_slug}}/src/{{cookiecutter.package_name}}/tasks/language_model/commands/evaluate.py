@@ -1,0 +1,49 @@
+"""`<project> evaluate CHECKPOINT --tasks NAME[,NAME...]`: lm-evaluation-harness tasks on a checkpoint (evaluate.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jsonargparse import ArgumentParser
+
+from {{ cookiecutter.package_name }}.checkpoint.layout import resolve_checkpoint
+from {{ cookiecutter.package_name }}.commands import parse_arguments
+
+HELP = "Score a checkpoint on lm-evaluation-harness tasks."
+
+
+def add_arguments(parser: ArgumentParser, prog: str) -> None:
+    """`evaluate`'s arguments: the checkpoint, the tasks and how to run them."""
+    parser.description = (
+        "Score a checkpoint's model on lm-evaluation-harness tasks (pip install .[eval]), offline: lm-eval's tasks"
+        " whose data sets are in the local Hugging Face cache, or YAML tasks with local data files (--include_path)."
+    )
+    parser.add_argument("checkpoint", help="A checkpoint folder, or a run: its newest.")
+    parser.add_argument("--tasks", required=True, help="lm-eval task (or group) names, separated by commas.")
+    parser.add_argument("--include_path", default=None, help="A folder of lm-eval task YAML files.")
+    parser.add_argument("--limit", type=float, default=None, help="Examples per task (a fraction below 1).")
+    parser.add_argument("--batch_size", type=int, default=8, help="Sequences per forward pass.")
+    parser.add_argument("--device", default="cpu", help="Where the model runs: cpu, cuda, cuda:1, ...")
+    parser.add_argument("--log_samples", type=bool, default=False, help="Also write each example's scores.")
+    parser.add_argument("--out", default=None, help="JSON file to write (default: CHECKPOINT.eval.json beside it).")
+
+
+def run(argv: list[str], prog: str) -> None:
+    """Evaluate a checkpoint, print each task's scores and where the results are."""
+    args = parse_arguments(prog, "evaluate", add_arguments, argv)
+    path = resolve_checkpoint(args.checkpoint)
+    from {{ cookiecutter.package_name }}.tasks.language_model.evaluate import evaluate_checkpoint, scores  # imports torch
+
+    results, written = evaluate_checkpoint(
+        path,
+        [name.strip() for name in args.tasks.split(",") if name.strip()],
+        include_path=args.include_path,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        device=args.device,
+        log_samples=args.log_samples,
+        out=Path(args.out) if args.out else None,
+    )
+    for name, value in scores(results).items():
+        print(f"{name} {value:.4f}")
+    print(f"Wrote {written}")
