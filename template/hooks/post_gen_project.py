@@ -27,11 +27,11 @@ TASK_FILES = {
         *(f"tests/{name}.py" for name in ("corpus", "s3")),
         *(f"tests/unit/test_{name}.py" for name in ("data", "shard_cache", "hf", "models", "prepare", "sample")),
         *(f"tests/unit/test_{name}.py" for name in ("prepare_benchmark", "prepare_sources", "prepare_ray")),
-        *(f"tests/unit/test_{name}.py" for name in ("sizing", "observe", "plan", "strategy_recipes")),
+        *(f"tests/unit/test_{name}.py" for name in ("sizing", "observe", "plan", "strategy_recipes", "lora_adapters")),
         "tests/unit/test_lm_eval_interface.py",
         *(f"tests/e2e/test_{name}.py" for name in ("llama", "prepared_training", "benchmarks", "bad_input")),
         *(f"tests/e2e/test_{name}.py" for name in ("checkpoint_cli", "mixed_precision", "plan_written", "resume")),
-        *(f"tests/e2e/test_{name}.py" for name in ("strategies", "remote_corpus", "evaluate")),
+        *(f"tests/e2e/test_{name}.py" for name in ("strategies", "remote_corpus", "evaluate", "lora")),
         *("tests/unit/test_sft.py", "tests/e2e/test_sft_resume.py"),
     ],
     "image_classification": [

@@ -302,7 +302,8 @@ def _async_save_sharded(fabric: Fabric, path: Path, state: dict[str, Any], proce
     from torch.distributed.checkpoint import async_save
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    model, optimizer = state["model"].module, state["optimizer"].optimizer  # without Fabric's wrappers
+    # Without Fabric's wrappers (a model's trained part, checkpoint.tensors.trained_part, has none).
+    model, optimizer = getattr(state["model"], "module", state["model"]), state["optimizer"].optimizer
     sharded = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
     rest = {key: value for key, value in state.items() if key not in ("model", "optimizer")}
     rest = {key: value.state_dict() if hasattr(value, "state_dict") else value for key, value in rest.items()}

@@ -84,13 +84,13 @@ def damaged_files(path: Path, names: list[str]) -> list[str]:
 
 def checkpoint_recipe(path: Path) -> Recipe:
     """The recipe a checkpoint folder was saved with. What its task says may be gone since (the language model's
-    model.init_from: the weights are in the checkpoint now, the folder they first came from may not be) is not
-    checked again."""
+    model.init_from: the weights are in the checkpoint now, the folder they first came from may not be; unless
+    LoRA adapted them, whose checkpoints hold the adapters only) is not checked again."""
     from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, read_recipe_file  # jsonargparse: only when asked
 
     saved = read_recipe_file(path / "config.yaml", f"checkpoint {path}: config.yaml") or {}  # bounded, as any recipe
     task = task_class(saved.get("task", Recipe.task))
-    return parse_recipe(["--config", str(path / "config.yaml"), *task.saved_recipe_overrides])
+    return parse_recipe(["--config", str(path / "config.yaml"), *task.saved_recipe_overrides(saved)])
 
 
 # What a checkpoint holds per parameter, when none of the run's shows it yet: fp32 weights and AdamW's two moments.
@@ -102,7 +102,10 @@ def checkpoint_bytes(recipe: Recipe) -> int:
     newest = find_latest(checkpoint_root(recipe))
     if newest is not None:
         return sum(file_record(record)[0] for record in read_meta(newest).get("files", {}).values())
-    cost = task_for(recipe).model_cost()
+    task = task_for(recipe)
+    if (saved := task.checkpointed_parameters()) is not None:  # adapters: the frozen base is not saved
+        return saved * BYTES_PER_PARAMETER
+    cost = task.model_cost()
     return cost.parameters() * BYTES_PER_PARAMETER if cost is not None else 0
 
 

@@ -112,7 +112,8 @@ def _load_across_layouts(path: Path, state: dict[str, Any]) -> None:
     )
 
     full = load_full_state(path)
-    model, optimizer = state["model"].module, state["optimizer"].optimizer  # without Fabric's wrappers
+    # Without Fabric's wrappers (a model's trained part, checkpoint.tensors.trained_part, has none).
+    model, optimizer = getattr(state["model"], "module", state["model"]), state["optimizer"].optimizer
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, full.pop("model"), options=options)
     saved = full.pop("optimizer")

@@ -32,10 +32,15 @@ def load_model(path: Path) -> tuple[torch.nn.Module, Recipe]:
     """The trained model of a checkpoint folder, in eval mode on CPU, and the recipe it was trained with.
 
     Only the model's tensors are read (`model_tensors`): not the optimizer state, which is about twice their size.
+    A checkpoint of a run whose base was frozen (adapters) holds only what trained: the base comes from the
+    task's pretrained weights, as in training.
     """
     recipe = checkpoint_recipe(path)
-    model = task_for(recipe).build_model()
+    task = task_for(recipe)
+    model = task.build_model()
     weights = model_tensors(path)
+    if task.frozen_from_pretrained():
+        weights = dict(task.pretrained_tensors()) | weights
     expected = model.state_dict()
     missing, unexpected = sorted(expected.keys() - weights.keys()), sorted(weights.keys() - expected.keys())
     wrong = sorted(name for name in expected.keys() & weights.keys() if expected[name].shape != weights[name].shape)
@@ -51,6 +56,27 @@ def load_model(path: Path) -> tuple[torch.nn.Module, Recipe]:
         )
     model.load_state_dict(weights)
     return model.eval(), recipe
+
+
+def trained_part(model: torch.nn.Module) -> torch.nn.Module:
+    """The model's trained parameters (requires_grad) as a module of their own, under their names in the model's
+    state dict: what a checkpoint holds when the rest of the model is frozen (adapters on a pretrained base).
+
+    It shares the parameters themselves (sharded ones too), so saving and loading it through Fabric reads and
+    writes the model's, and the optimizer's state maps onto its names as onto the model's.
+    """
+    part = torch.nn.Module()
+    for name, value in model.state_dict(keep_vars=True).items():
+        if not (isinstance(value, torch.nn.Parameter) and value.requires_grad):
+            continue
+        *path, leaf = name.split(".")
+        owner = part
+        for step in path:
+            if step not in owner._modules:
+                owner.add_module(step, torch.nn.Module())
+            owner = owner._modules[step]  # type: ignore[assignment]  # just added: never None
+        owner.register_parameter(leaf, value)
+    return part
 
 
 def model_tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -153,6 +153,15 @@ def check_strategy(recipe: Recipe) -> None:
             f"strategy.meta_init=True applies only to strategy.name={names}"
             f" (this recipe has {family.name}; remove the key or change the strategy)"
         )
+    if adapters := task_for(recipe).adapters():
+        if not family.trains_adapters:
+            names = " or ".join(name for name, other in REGISTRY.items() if other.trains_adapters)
+            raise RecipeError(f"{adapters} trains adapters under strategy.name={names} (this recipe has {family.name})")
+        if recipe.strategy.meta_init:  # the model's own init (materialize) knows no adapters
+            raise RecipeError(
+                f"{adapters} does not compose with strategy.meta_init=true (adapters take their init when built):"
+                " set it false"
+            )
     strategy = family(recipe)
     strategy.check()
     if recipe.checkpoint.async_save and strategy.checkpoint_layout != "sharded":

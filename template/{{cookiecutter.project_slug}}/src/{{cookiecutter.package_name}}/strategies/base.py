@@ -88,6 +88,9 @@ class TrainingStrategy:
     options_type: ClassVar[type | None] = None
     checkpoint_layout: ClassVar[str] = "replicated"  # replicated | sharded (torch.distributed.checkpoint) | own
     supports_meta_init: ClassVar[bool] = False
+    # Trains a model whose parameters are mostly frozen (adapters): the optimizer holds the trained ones only
+    # (training/optim.py), frozen ones are replicated or sharded beside them, checkpoints keep the trained ones.
+    trains_adapters: ClassVar[bool] = False
 
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
@@ -154,21 +157,29 @@ class TrainingStrategy:
         """Copy the task's pretrained weights (model.init_from) into the set-up (sharded or replicated) model.
 
         Rank 0 reads the weights into host memory and torch.distributed.checkpoint broadcasts them,
-        each rank keeping its own shards (FSDP2, tensor parallel) or the whole (ddp).
+        each rank keeping its own shards (FSDP2, tensor parallel) or the whole (ddp). Under adapters the
+        weights are the frozen base's: the adapters, which train, keep their own init.
         """
         import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.nn import Parameter
 
         module = model.module  # without Fabric's wrapper
+        current = module.state_dict(keep_vars=True)
+        frozen = {name for name, value in current.items() if isinstance(value, Parameter) and not value.requires_grad}
         weights: dict[str, Any] = {}
         if fabric.global_rank == 0:
-            dtypes = {name: value.dtype for name, value in module.state_dict().items()}
             tensors = self.task.pretrained_tensors()
-            weights = {name: value.to(dtypes.get(name, value.dtype)) for name, value in tensors}
+            weights = {
+                name: value.to(current[name].dtype if name in current else value.dtype) for name, value in tensors
+            }
+            if frozen and (missing := sorted(frozen - weights.keys())):
+                raise RuntimeError(f"the pretrained weights have no {missing[0]}, a frozen parameter of the model")
+        strict = not frozen  # all of the model, or its frozen part (checked above)
         if not dist.is_initialized():
-            module.load_state_dict(weights)
+            module.load_state_dict(weights, strict=strict)
             return
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
         set_model_state_dict(module, weights, options=options)
 
     def setup(self, fabric: Fabric, model: nn.Module, make_optimizer: MakeOptimizer) -> tuple[Any, Any, Any]:

@@ -23,6 +23,7 @@ class DDP(TrainingStrategy):
 
     name = "ddp"
     checkpoint_layout = "replicated"
+    trains_adapters = True  # frozen parameters get no gradient, so only the adapters' are all-reduced
 
     def fabric_strategy(self) -> Strategy:
         from lightning.fabric.strategies import DDPStrategy

@@ -43,6 +43,7 @@ class FSDP2(TrainingStrategy):
     options_type = Fsdp2Options
     checkpoint_layout = "sharded"
     supports_meta_init = True
+    trains_adapters = True  # fully_shard shards frozen and trained parameters of a block together
     hybrid = False  # hsdp: shard inside a node, replicate across nodes
 
     @property
@@ -70,6 +71,12 @@ class FSDP2(TrainingStrategy):
                     f"strategy.fsdp2.tensor_parallel_size={tensor_parallel} does not divide {key}={size}"
                     " (each tensor-parallel rank holds an equal share of heads and width)"
                 )
+        if (adapters := self.task.adapters()) and (tensor_parallel > 1 or self.options.float8):
+            field = f"tensor_parallel_size={tensor_parallel}" if tensor_parallel > 1 else "float8=true"
+            raise RecipeError(
+                f"{adapters} does not compose with strategy.fsdp2.{field} (the adapter layers have no tensor-parallel or float8"
+                " form here): turn it off"
+            )
         if self.options.float8 and tensor_parallel > 1:
             raise RecipeError(
                 "strategy.fsdp2.float8=true works with strategy.fsdp2.tensor_parallel_size=1 only (float8 + FSDP2)"

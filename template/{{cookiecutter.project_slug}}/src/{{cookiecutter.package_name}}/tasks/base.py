@@ -144,13 +144,17 @@ class Task:
     recipe_type: ClassVar[type[Recipe]]  # Recipe with this task's `model:` and `data:` sections
     unit: ClassVar[str] = "sample"  # what throughput counts, singular: "token", "image"
     commands: ClassVar[dict[str, str]] = {}  # its own commands: name -> module (HELP, add_arguments, run)
-    # Overrides applied to a checkpoint's saved recipe when it is read back (fields naming what may be gone since).
-    saved_recipe_overrides: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, recipe: Recipe) -> None:
         self.recipe: Any = recipe
 
     # --- what a recipe may ask of it (no torch) -------------------------------------------------
+
+    @classmethod
+    def saved_recipe_overrides(cls, saved: dict[str, Any]) -> list[str]:
+        """Overrides applied to a checkpoint's saved recipe (`saved`: its YAML) when it is read back: fields naming
+        what may be gone since."""
+        return []
 
     def check(self) -> None:
         """Refuse model and data settings that cannot run (raise RecipeError naming the field)."""
@@ -159,6 +163,16 @@ class Task:
         """Recipe fields that tensor parallel must divide evenly ({"model.n_head": 8, ...}); {} when the
         model has no tensor-parallel plan (then tensor parallel is refused)."""
         return {}
+
+    def adapters(self) -> str | None:
+        """The recipe field that trains adapters on a frozen model (`lora.rank=8`), or None when every parameter
+        trains (strategies that cannot train a partly frozen model refuse it)."""
+        return None
+
+    def checkpointed_parameters(self) -> int | None:
+        """Parameters a checkpoint holds (each with its optimizer state) when fewer than the model's (adapters on a
+        frozen base), by formula without torch; None: all of them."""
+        return None
 
     def units_per_sample(self) -> int:
         """Units (`unit`) in one sample: tokens in a sequence, 1 for an image."""
@@ -208,6 +222,11 @@ class Task:
     def pretrained_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(parameter name, tensor) of those weights, one at a time (called only when `pretrained_from` names some)."""
         raise NotImplementedError
+
+    def frozen_from_pretrained(self) -> bool:
+        """Whether the model's frozen parameters (a base under adapters) come from `pretrained_tensors` at every
+        start, resumed or not: its checkpoints then hold only the parameters that train, and their optimizer state."""
+        return False
 
     def datasets(self) -> Splits:
         """The training and validation samples the recipe's data section describes."""

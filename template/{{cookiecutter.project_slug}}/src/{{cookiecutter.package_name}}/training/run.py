@@ -20,6 +20,7 @@ from lightning.fabric.loggers import Logger
 from {{ cookiecutter.package_name }}.checkpoint.layout import check_free_space, checkpoint_root, read_meta, resolve_resume
 from {{ cookiecutter.package_name }}.checkpoint.load import load_checkpoint, verified_resume
 from {{ cookiecutter.package_name }}.checkpoint.lock import lock_out_dir, out_dir_in_use
+from {{ cookiecutter.package_name }}.checkpoint.tensors import trained_part
 from {{ cookiecutter.package_name }}.cluster.launchers import check_launcher, start_processes
 from {{ cookiecutter.package_name }}.data.sampler import Batch, TrainBatches, validation_batches
 from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError, TrainingStopped
@@ -135,7 +136,9 @@ def setup(recipe: Recipe) -> Run:
         raise TrainingStopped(in_use, ExitCode.USAGE, report=fabric.global_rank == 0)
     fabric.seed_everything(recipe.train.seed)
     fabric.print(f"Recipe:\n{dump_recipe(recipe)}")
-    weights_from = task.pretrained_from() if resume_from is None else None  # a resumed run has its own weights
+    # A resumed run has its own weights, except a frozen base under adapters: checkpoints hold only what trains.
+    frozen_base = task.frozen_from_pretrained()
+    weights_from = task.pretrained_from() if resume_from is None or frozen_base else None
     model = strategy.build_model(fabric, pretrained=weights_from is not None)  # sharded as built: meta_init, ZeRO-3
     model, optimizer, scheduled = strategy.setup(fabric, model, partial(build_optimizer, config=recipe.train))
     if weights_from is not None:
@@ -157,7 +160,7 @@ def setup(recipe: Recipe) -> Run:
         splits.validation, micro_batch_size, recipe.eval.batches, dp_rank=dp_rank, dp_size=dp_size
     )
     state: dict[str, Any] = {
-        "model": model,
+        "model": trained_part(model.module) if frozen_base else model,  # what a checkpoint holds of the model
         "optimizer": optimizer,
         "scheduler": scheduler,
         "data": batches,

@@ -161,6 +161,35 @@ class LanguageModelEvalConfig(EvalConfig):
     tasks_limit: float | None = None
 
 
+# The projections of a block that LoRA may adapt, by family: attention's and the MLP's linear layers.
+LORA_TARGETS = {
+    "gpt": ("attn.q", "attn.k", "attn.v", "attn.proj", "mlp.fc", "mlp.proj"),
+    "llama": ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down"),
+}
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters (LoRA) on the model's projections: only they train, the rest of the model is frozen.
+
+    Args:
+        rank: Rank of each adapter (the inner width of B @ A); 0 turns LoRA off (every parameter trains).
+        alpha: The adapters' output is scaled by alpha / rank.
+        dropout: Dropout on an adapter's input (0: none).
+        target_modules: The projections of a block that get an adapter, by their name in the block
+            (LORA_TARGETS lists each family's); empty: all of them.
+    """
+
+    rank: int = 0
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=list)
+
+    def targets(self, arch: str) -> list[str]:
+        """The projections adapted in a model of family `arch`."""
+        return list(self.target_modules) or list(LORA_TARGETS[arch])
+
+
 @dataclass
 class LanguageModelRecipe(Recipe):
     """A recipe of `task: language_model`: the machinery's sections plus this task's model and data."""
@@ -168,3 +197,4 @@ class LanguageModelRecipe(Recipe):
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     eval: LanguageModelEvalConfig = field(default_factory=LanguageModelEvalConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)

@@ -14,7 +14,7 @@ import json
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -23,6 +23,7 @@ from {{ cookiecutter.package_name }}.checkpoint.tensors import DEFAULT_SHARD_BYT
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.progress import counted
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.tasks.language_model.config import LanguageModelRecipe
 from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import MANIFEST, TOKENIZER
 from {{ cookiecutter.package_name }}.tasks.language_model.hf import CONFIG, export_problem, hf_config, hf_tensors
 
@@ -70,15 +71,19 @@ def copy_tokenizer(recipe: Recipe, folder: Path) -> int | None:
 
 
 def export_hf(path: Path, out_dir: Path, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> dict[str, Any]:
-    """Write a complete checkpoint folder as a Hugging Face model folder (to OUT.partial, renamed when done)."""
-    recipe = checkpoint_recipe(path)
+    """Write a complete checkpoint folder as a Hugging Face model folder (to OUT.partial, renamed when done);
+    a LoRA run's adapters are merged into the base weights."""
+    recipe = cast(LanguageModelRecipe, checkpoint_recipe(path))
     if problem := export_problem(recipe.model):
         raise RecipeError(f"checkpoint {path} cannot be exported to Hugging Face's format: {problem}")
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise RecipeError(f"{out_dir} exists and is not empty: choose a new folder")
+    check_new_folder(out_dir)
     if max_shard_bytes < 1:
         raise RecipeError(f"--max_shard_bytes={max_shard_bytes} must be >= 1")
     names, read = checkpoint_tensor_reader(path)
+    if recipe.lora.rank:  # the checkpoint holds adapters: merged into init_from's weights
+        from {{ cookiecutter.package_name }}.tasks.language_model.lora import merged_reader
+
+        names, read = merged_reader(recipe, names, read)
     partial = new_partial(out_dir)
     weights = counted(hf_weights(recipe, names, read), f"Exporting {path}", len(hf_tensors(recipe.model)), "tensors")
     written = write_safetensors(weights, partial, max_shard_bytes)
@@ -89,3 +94,26 @@ def export_hf(path: Path, out_dir: Path, max_shard_bytes: int = DEFAULT_SHARD_BY
         out_dir.rmdir()  # empty, checked above
     partial.rename(out_dir)
     return {**written, "architecture": config["architectures"][0], "tokenizer": eos_id is not None}
+
+
+def export_adapters(path: Path, out_dir: Path) -> dict[str, Any]:
+    """Write a LoRA checkpoint's adapters as a peft adapter folder (to OUT.partial, renamed when done)."""
+    from {{ cookiecutter.package_name }}.tasks.language_model.lora import write_adapter_folder
+
+    recipe = cast(LanguageModelRecipe, checkpoint_recipe(path))
+    if not recipe.lora.rank:
+        raise RecipeError(f"checkpoint {path} has no adapters (lora.rank=0): export it with --format hf")
+    check_new_folder(out_dir)
+    names, read = checkpoint_tensor_reader(path)
+    partial = new_partial(out_dir)
+    written = write_adapter_folder(recipe, names, read, partial)
+    if out_dir.exists():
+        out_dir.rmdir()  # empty, checked above
+    partial.rename(out_dir)
+    return {**written, "base": recipe.model.init_from}
+
+
+def check_new_folder(out_dir: Path) -> None:
+    """Refuse an output folder that holds anything."""
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise RecipeError(f"{out_dir} exists and is not empty: choose a new folder")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -136,19 +136,31 @@ def check_init_from(model: ModelConfig) -> None:
         raise RecipeError(f"{where}: the weights have tensors the model does not ({', '.join(extra[:3])})")
 
 
-def pretrained_tensors(model: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """(project name, tensor) for every parameter of the init_from folder, read one at a time (a tied head is
-    given under both names)."""
+def pretrained_reader(model: ModelConfig) -> tuple[set[str], Callable[[str], torch.Tensor]]:
+    """(project names, a reader of one of them) of the init_from folder's parameters: each read opens the one file
+    that holds it (a tied head is not listed: it is the embedding)."""
     from safetensors import safe_open
 
     folder = Path(str(model.init_from))
     location: dict[str, Path] = {}
     for file in safetensors_files(folder):
         location |= dict.fromkeys(safetensors_shapes(file), file)
-    for hf_name, tensor in hf_tensors(model).items():
-        with safe_open(location[hf_name], framework="pt") as weights:
-            value = weights.get_tensor(hf_name)
+    hf_name = {tensor.sources[0]: name for name, tensor in hf_tensors(model).items()}  # the Llama's map one to one
+
+    def read(name: str) -> torch.Tensor:
+        with safe_open(location[hf_name[name]], framework="pt") as weights:
+            return weights.get_tensor(hf_name[name])
+
+    return set(hf_name), read
+
+
+def pretrained_tensors(model: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """(project name, tensor) for every parameter of the init_from folder, read one at a time (a tied head is
+    given under both names)."""
+    _, read = pretrained_reader(model)
+    for tensor in hf_tensors(model).values():
         (name,) = tensor.sources
+        value = read(name)
         yield name, value
         if model.tie_embeddings and name == "token_embedding.weight":
             yield "lm_head.weight", value

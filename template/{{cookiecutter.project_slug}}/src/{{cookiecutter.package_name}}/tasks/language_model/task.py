@@ -21,6 +21,7 @@ from {{ cookiecutter.package_name }}.tasks.language_model.config import (
     LanguageModelRecipe,
     ModelConfig,
 )
+from {{ cookiecutter.package_name }}.tasks.language_model.lora import check_lora
 
 if TYPE_CHECKING:
     import torch
@@ -43,10 +44,17 @@ class LanguageModel(Task):
         "export": "{{ cookiecutter.package_name }}.tasks.language_model.commands.export",
         "evaluate": "{{ cookiecutter.package_name }}.tasks.language_model.commands.evaluate",
     }
-    # The weights init_from named are in a checkpoint now; the folder they came from may be gone. The eval.tasks of
-    # training are not the checkpoint's: reading it needs neither lm-eval nor their folder.
-    saved_recipe_overrides = ("--model.init_from", "null", "--eval.tasks", "[]")
     recipe: LanguageModelRecipe
+
+    @classmethod
+    def saved_recipe_overrides(cls, saved: dict[str, Any]) -> list[str]:
+        # The eval.tasks of training are not the checkpoint's: reading it needs neither lm-eval nor their folder.
+        # The weights init_from named are in a checkpoint now; the folder they came from may be gone. Not so under
+        # LoRA: the checkpoint holds the adapters, init_from the base they adapt.
+        overrides = ["--eval.tasks", "[]"]
+        if (saved.get("lora") or {}).get("rank") and (saved.get("model") or {}).get("init_from"):
+            return overrides
+        return ["--model.init_from", "null", *overrides]
 
     @classmethod
     def verify_prepared(cls, folder: Path) -> str:
@@ -86,9 +94,20 @@ class LanguageModel(Task):
             )
         check_model(model)
         check_eval_tasks(self.recipe.eval)
+        check_lora(self.recipe)
 
     def tensor_parallel_dimensions(self) -> dict[str, int]:
         return {f"model.{key}": size for key, size in self.recipe.model.tensor_parallel_dimensions().items()}
+
+    def adapters(self) -> str | None:
+        return f"lora.rank={self.recipe.lora.rank}" if self.recipe.lora.rank else None
+
+    def checkpointed_parameters(self) -> int | None:
+        if not self.frozen_from_pretrained():
+            return None
+        from {{ cookiecutter.package_name }}.tasks.language_model.lora import adapter_parameters
+
+        return adapter_parameters(self.recipe)
 
     def units_per_sample(self) -> int:
         return self.recipe.model.block_size
@@ -116,7 +135,12 @@ class LanguageModel(Task):
     def build_model(self) -> nn.Module:
         from {{ cookiecutter.package_name }}.tasks.language_model.families import build_model
 
-        return build_model(self.recipe.model)
+        model = build_model(self.recipe.model)
+        if self.recipe.lora.rank:  # adapters in, base frozen: before any strategy wraps the model
+            from {{ cookiecutter.package_name }}.tasks.language_model.lora import inject_adapters
+
+            model = inject_adapters(model, self.recipe.lora, self.recipe.lora.targets(self.recipe.model.arch))
+        return model
 
     def pretrained_from(self) -> str | None:
         return self.recipe.model.init_from
@@ -124,7 +148,16 @@ class LanguageModel(Task):
     def pretrained_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         from {{ cookiecutter.package_name }}.tasks.language_model.hf import pretrained_tensors
 
-        return pretrained_tensors(self.recipe.model)
+        tensors = pretrained_tensors(self.recipe.model)
+        if not self.recipe.lora.rank:
+            return tensors
+        from {{ cookiecutter.package_name }}.tasks.language_model.lora import adapted_name
+
+        targets = self.recipe.lora.targets(self.recipe.model.arch)
+        return ((adapted_name(name, targets), tensor) for name, tensor in tensors)
+
+    def frozen_from_pretrained(self) -> bool:
+        return self.recipe.lora.rank > 0 and self.recipe.model.init_from is not None
 
     def datasets(self) -> Splits:
         from {{ cookiecutter.package_name }}.tasks.language_model.data import load_splits

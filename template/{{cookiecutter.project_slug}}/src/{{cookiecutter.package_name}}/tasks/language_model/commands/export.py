@@ -9,7 +9,7 @@ from jsonargparse import ArgumentParser
 from {{ cookiecutter.package_name }}.checkpoint.layout import resolve_checkpoint
 from {{ cookiecutter.package_name }}.commands import parse_arguments
 
-HELP = "Checkpoint -> transformers' from_pretrained folder."
+HELP = "Checkpoint -> transformers' from_pretrained folder (or a peft adapter folder)."
 
 
 def add_arguments(parser: ArgumentParser, prog: str) -> None:
@@ -17,7 +17,13 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
     parser.description = "Write a checkpoint as a Hugging Face model folder."
     parser.add_argument("checkpoint", help="A checkpoint folder, or a run: its newest.")
     parser.add_argument("out_dir", help="Folder to write (new or empty).")
-    parser.add_argument("--format", choices=["hf"], default="hf", help="hf: config.json + safetensors (+ tokenizer).")
+    parser.add_argument(
+        "--format",
+        choices=["hf", "peft"],
+        default="hf",
+        help="hf: config.json + safetensors (+ tokenizer), LoRA adapters merged in; peft: a LoRA checkpoint's"
+        " adapters as a peft adapter folder for the base model.init_from names.",
+    )
     parser.add_argument("--max_shard_bytes", type=int, default=5 * 10**9, help="Largest safetensors file.")
 
 
@@ -25,6 +31,17 @@ def run(argv: list[str], prog: str) -> None:
     """Write a checkpoint as a Hugging Face model folder and say how to load it."""
     args = parse_arguments(prog, "export", add_arguments, argv)
     path = resolve_checkpoint(args.checkpoint)
+    if args.format == "peft":
+        from {{ cookiecutter.package_name }}.tasks.language_model.export import export_adapters  # imports torch
+
+        adapters = export_adapters(path, Path(args.out_dir))
+        print(
+            f"Wrote {adapters['tensors']} adapter tensors ({adapters['bytes'] / 2**20:,.1f} MiB) from {path} to"
+            f" {args.out_dir}"
+        )
+        base = f"transformers.AutoModelForCausalLM.from_pretrained('{adapters['base']}')"
+        print(f"Load: peft.PeftModel.from_pretrained({base}, '{args.out_dir}')")
+        return
     from {{ cookiecutter.package_name }}.tasks.language_model.export import export_hf  # imports torch
 
     done = export_hf(path, Path(args.out_dir), args.max_shard_bytes)
