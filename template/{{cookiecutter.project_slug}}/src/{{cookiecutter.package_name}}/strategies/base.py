@@ -184,6 +184,20 @@ class TrainingStrategy:
         with fabric.no_backward_sync(model, enabled=enabled):
             yield
 
+    def forward_backward(
+        self,
+        fabric: Fabric,
+        model: Any,
+        batch: Any,
+        accumulate: int,
+        adjust_loss: Callable[[torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """Forward and backward of one of a step's `accumulate` micro-batches (its loss, `adjust_loss`-ed, divided by
+        `accumulate`); the loss, detached. A pipeline runs both through its schedule (fsdp2's pipeline options)."""
+        loss = adjust_loss(self.task.loss(model, batch))
+        fabric.backward(loss / accumulate)
+        return loss.detach()
+
     def clip_and_step(self, fabric: Fabric, model: Any, optimizer: Any, max_norm: float) -> torch.Tensor | None:
         """Clip the global gradient norm to `max_norm` (0: no clipping), step; return the norm before clipping."""
         # error_if_nonfinite would read the norm on the host: a second sync per step. A non-finite

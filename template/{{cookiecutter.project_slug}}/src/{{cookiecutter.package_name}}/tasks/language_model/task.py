@@ -121,10 +121,25 @@ class LanguageModel(Task):
         return Splits(TokenWindows(train, block_size, blocks), TokenWindows(validation, block_size))
 
     def loss(self, model: Any, batch: Any) -> torch.Tensor:
+        inputs, targets = batch
+        return self.output_loss(model(inputs), targets)
+
+    def pipeline_blocks(self) -> int:
+        if self.recipe.model.arch == "llama" and self.recipe.model.tie_embeddings:
+            raise RecipeError(
+                "model.tie_embeddings=true shares the embedding with the head, which pipeline stages hold apart"
+                " (set it false, or strategy.fsdp2.pipeline_parallel_size=1)"
+            )
+        return self.recipe.model.n_layer
+
+    def pipeline_batch(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = batch
+        return inputs, targets
+
+    def output_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F
 
-        inputs, targets = batch
-        return F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        return F.cross_entropy(outputs.flatten(0, 1), targets.flatten())
 
     def validation_metrics(self) -> dict[str, Metric]:
         from torchmetrics.aggregation import MeanMetric
