@@ -202,7 +202,6 @@ class FSDP2(TrainingStrategy):
             mesh.get_local_rank("pipeline"),
             self.pipeline_parallel_size,
             options.pipeline_stages_per_rank,
-            options.pipeline_schedule,
         )
         with fabric.init_module(empty_init=self.config.meta_init):
             parts = build_stages(self.task.build_model, self.stage_split, self.stage_indices, self.config.meta_init)

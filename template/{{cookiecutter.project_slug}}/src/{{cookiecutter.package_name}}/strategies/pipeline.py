@@ -1,5 +1,5 @@
 """Pipeline parallel inside fsdp2: the model's blocks split into stages, each stage on its own group of ranks,
-micro-batches fed through by a torch.distributed.pipelining schedule (GPipe, 1F1B, interleaved, zero-bubble).
+micro-batches fed through by a torch.distributed.pipelining schedule (GPipe, 1F1B, interleaved 1F1B).
 
 As torchtitan does it, each stage is the whole model's structure with the other stages' parts removed: a
 stage keeps its parameters' names (`blocks.5.attn.q.weight` stays that on whichever stage holds block 5),
@@ -23,9 +23,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-# Schedules that hold exactly one stage per rank; the others hold several (V-shaped: ZBV's two).
+# Schedules that hold exactly one stage per rank; the others (interleaved) hold several.
 SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
-V_SHAPED_SCHEDULES = ("ZBVZeroBubble",)
 
 
 class StageBlocks(nn.ModuleList):
@@ -81,10 +80,8 @@ class PipelineRank(nn.Module):
         raise RuntimeError("a pipeline-parallel model runs through its schedule (strategy.forward_backward)")
 
 
-def stage_indices(rank: int, size: int, per_rank: int, schedule: str) -> list[int]:
-    """The stages pipeline rank `rank` of `size` holds: rank, rank + size, ... (looped) or rank and 2 size - 1 - rank (V)."""
-    if schedule in V_SHAPED_SCHEDULES:
-        return [rank, 2 * size - 1 - rank]
+def stage_indices(rank: int, size: int, per_rank: int) -> list[int]:
+    """The stages pipeline rank `rank` of `size` holds: rank, rank + size, ... (the interleaved schedules' loop)."""
     return [rank + round_ * size for round_ in range(per_rank)]
 
 

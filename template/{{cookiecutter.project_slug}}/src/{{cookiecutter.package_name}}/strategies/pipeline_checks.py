@@ -12,8 +12,8 @@ from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.strategies.base import divisors
 
 # Stages per pipeline rank each schedule runs: exactly these, or at least the minimum (looped schedules).
-EXACT_STAGES_PER_RANK = {"GPipe": 1, "1F1B": 1, "ZBVZeroBubble": 2}
-LOOPED_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble")
+EXACT_STAGES_PER_RANK = {"GPipe": 1, "1F1B": 1}
+LOOPED_SCHEDULES = ("Interleaved1F1B",)
 
 
 def check_pipeline(strategy: Any) -> None:
