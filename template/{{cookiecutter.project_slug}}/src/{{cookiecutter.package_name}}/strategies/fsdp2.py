@@ -149,7 +149,25 @@ class FSDP2(TrainingStrategy):
             comm_vs_ddp=1.5,
             **BF16_POLICY,
         )
-        return [sharded, *tensor_parallel]
+        # Blocks split into stages across nodes (activations cross the slow links, not parameters), each stage
+        # sharded inside its group; with tensor parallel inside a node for the largest models.
+        pipeline = [
+            PlanOption(
+                f"{self.name}_pp{stages}" + (f"_tp{size}" if size > 1 else ""),
+                stage=3,
+                recipes=("cpu-pp-debug", "llama-70b-pp-fsdp2-tp-multinode", "llama-70b-pp-fsdp2-tp-multinode"),
+                why="{pipeline_parallel} pipeline stages each hold 1/{pipeline_parallel} of the blocks and the"
+                " activations of the pieces in flight ({bubble} of a step idles in the bubble); only activations"
+                " cross between stages",
+                comm_vs_ddp=1.5,
+                tensor_parallel=size,
+                pipeline_parallel=stages,
+                **BF16_POLICY,
+            )
+            for size in (1, 8)
+            for stages in (2, 4, 8)
+        ]
+        return [sharded, *tensor_parallel, *pipeline]
 
     def plan_runtime_terms(self, option: PlanOption, sizes: PlanSizes) -> list[PlanTerm]:
         # Under bf16-mixed the sharded parameters stay fp32 and fully_shard's MixedPrecisionPolicy gathers them in
@@ -166,7 +184,14 @@ class FSDP2(TrainingStrategy):
         ]
 
     def plan_section(self, option: PlanOption, base: dict[str, Any]) -> dict[str, Any]:
-        return {"name": self.name, "fsdp2": {"tensor_parallel_size": option.tensor_parallel, "float8": False}}
+        section = {"tensor_parallel_size": option.tensor_parallel, "float8": False}
+        if option.pipeline_parallel > 1:  # pipeline_microbatches: the plan's micro batch, one sample a piece
+            section |= {
+                "pipeline_parallel_size": option.pipeline_parallel,
+                "pipeline_schedule": option.pipeline_schedule,
+                "pipeline_stages_per_rank": option.pipeline_stages_per_rank,
+            }
+        return {"name": self.name, "fsdp2": section}
 
     def fabric_strategy(self) -> Strategy:
         from {{ cookiecutter.package_name }}.strategies.fully_shard import ModelParallel, parallelize, parallelize_pipeline

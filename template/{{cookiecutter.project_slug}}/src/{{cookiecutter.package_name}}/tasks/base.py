@@ -119,6 +119,10 @@ class ModelCost(Protocol):
         """Elements all-reduced per micro-batch by tensor parallel, times (t - 1) / t (0 when it has none)."""
         ...
 
+    def hidden_elements(self, micro_batch: int) -> float:
+        """Elements of one block's output for a micro-batch: what a pipeline stage sends the next."""
+        ...
+
     def training_flops_per_sample(self) -> float:
         """Model FLOPs of one forward and backward pass of one sample."""
         ...
