@@ -85,14 +85,14 @@ def stage_indices(rank: int, size: int, per_rank: int) -> list[int]:
     return [rank + round_ * size for round_ in range(per_rank)]
 
 
-def balanced_split(block_sizes: Sequence[int], first: int, last: int, stages: int) -> list[int]:
+def balanced_split(block_parameters: Sequence[int], first: int, last: int, stages: int) -> list[int]:
     """Blocks per stage (each >= 1, in order) that minimise the largest stage's parameters.
 
     `first` and `last`: parameters outside the blocks that the first and the last stage hold (embeddings, head).
     """
-    count = len(block_sizes)
+    count = len(block_parameters)
     prefix = [0]
-    for size in block_sizes:
+    for size in block_parameters:
         prefix.append(prefix[-1] + size)
     # best[s][i]: (largest stage, split) of the first i blocks over the first s stages.
     best: dict[tuple[int, int], tuple[float, list[int]]] = {(0, 0): (0, [])}
