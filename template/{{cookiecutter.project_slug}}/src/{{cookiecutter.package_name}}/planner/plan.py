@@ -53,7 +53,7 @@ class Candidate:
         return self.option.tensor_parallel
 
 
-def cost(candidate: Candidate) -> tuple[int, int, float, int, bool]:
+def cost(candidate: Candidate) -> tuple[int, int, int, float, int, bool]:
     """Cheaper first: no host or NVMe traffic, then no tensor parallel (its all-reduces sit on the critical path),
     then fewer pipeline stages (a pipeline idles in its bubble), then less data-parallel communication (1x before 1.5x), a lower ZeRO stage, and hsdp before full sharding,
     since only a shard of the gradients crosses the nodes. Ties keep the registry's order (fsdp2 before zero3)."""

@@ -184,7 +184,7 @@ class FSDP2(TrainingStrategy):
         ]
 
     def plan_section(self, option: PlanOption, base: dict[str, Any]) -> dict[str, Any]:
-        section = {"tensor_parallel_size": option.tensor_parallel, "float8": False}
+        section: dict[str, Any] = {"tensor_parallel_size": option.tensor_parallel, "float8": False}
         if option.pipeline_parallel > 1:  # pipeline_microbatches: the plan's micro batch, one sample a piece
             section |= {
                 "pipeline_parallel_size": option.pipeline_parallel,
