@@ -8,6 +8,7 @@ compiled, and `model.tensor_parallel_plan()`, how one block is split.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -46,6 +47,46 @@ class ModelParallel(ModelParallelStrategy):
             mesh_dim_names=("pipeline", "data_parallel", "tensor_parallel"),
         )
         return None
+
+    def load_checkpoint(
+        self,
+        path: Any,
+        state: Any = None,
+        strict: bool = True,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Fabric's load, with each optimizer's parameter groups matched to this rank's parameters.
+
+        A sharded checkpoint stores the groups' parameter names once, as one rank listed them; under pipeline
+        parallel every stage lists only its own, so the names saved are one stage's. The groups' settings are
+        the same on every rank: they are loaded, and this rank's own names put in.
+        """
+        from lightning.fabric.strategies.model_parallel import _has_dtensor_modules, _is_sharded_checkpoint
+        from torch.distributed.checkpoint import load as load_distributed
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        path = Path(self.broadcast(path))
+        optimizers = {key: value for key, value in (state or {}).items() if isinstance(value, torch.optim.Optimizer)}
+        if not optimizers or not _is_sharded_checkpoint(path):
+            return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+        others = {key: value for key, value in state.items() if key not in optimizers}
+        remaining = super().load_checkpoint(path, others, strict=strict, weights_only=weights_only)
+        state.update(others)
+        module = next(value for value in others.values() if _has_dtensor_modules(value))
+        for key, optimizer in optimizers.items():
+            wanted: Any = get_optimizer_state_dict(module, optimizer)
+            own = [group["params"] for group in wanted["param_groups"]]
+            request = {key: wanted}
+            load_distributed(request, checkpoint_id=path)
+            for group, names in zip(request[key]["param_groups"], own, strict=True):
+                group["params"] = names
+            options = StateDictOptions(cpu_offload=True)
+            set_optimizer_state_dict(module, optimizer, optim_state_dict=request[key], options=options)
+        return remaining
 
     def clip_gradients_norm(
         self,
