@@ -28,9 +28,10 @@ TASK_FILES = {
         *(f"tests/unit/test_{name}.py" for name in ("data", "shard_cache", "hf", "models", "prepare", "sample")),
         *(f"tests/unit/test_{name}.py" for name in ("prepare_benchmark", "prepare_sources", "prepare_ray")),
         *(f"tests/unit/test_{name}.py" for name in ("sizing", "observe", "plan", "strategy_recipes")),
+        "tests/unit/test_pipeline_stages.py",
         *(f"tests/e2e/test_{name}.py" for name in ("llama", "prepared_training", "benchmarks", "bad_input")),
         *(f"tests/e2e/test_{name}.py" for name in ("checkpoint_cli", "mixed_precision", "plan_written", "resume")),
-        *(f"tests/e2e/test_{name}.py" for name in ("strategies", "remote_corpus")),
+        *(f"tests/e2e/test_{name}.py" for name in ("strategies", "remote_corpus", "pipeline")),
     ],
     "image_classification": [
         *(f"tests/unit/test_{name}.py" for name in ("vit", "vit_sizing", "image_data", "image_commands")),
