@@ -211,6 +211,19 @@ def test_write_fills_the_recommended_strategy_into_a_nested_recipe(
     assert "deepspeed_stage" not in recipe["strategy"] and "offload_optimizer" not in recipe["strategy"]
 
 
+def test_write_turns_a_recommended_pipeline_into_a_recipe_that_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The 70B recipe's activations fit only in a pipeline's stages: the written recipe runs one, one sample a piece."""
+    target = tmp_path / "mine.yaml"
+    main(["plan", str(RECIPES / "llama-70b-pp-fsdp2-tp-multinode.yaml"), "--gpu", "H100", "--write", str(target)])
+    assert "recommended: fsdp2_pp2" in capsys.readouterr().out
+    recipe = load_recipe(target)  # the recipe checks pass
+    options = recipe.strategy.fsdp2
+    assert (options.pipeline_parallel_size, options.pipeline_schedule, options.tensor_parallel_size) == (2, "1F1B", 1)
+    assert options.pipeline_microbatches == recipe.train.micro_batch_size == 8 and recipe.eval.every_steps == 0
+
+
 def plan_for(name: str) -> Plan:
     """The plan of a library recipe on H100s joined by InfiniBand, computed directly."""
     recipe = load_recipe(RECIPES / f"{name}.yaml")
