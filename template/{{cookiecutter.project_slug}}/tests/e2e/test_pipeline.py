@@ -33,8 +33,9 @@ PIPELINE = [
     "--strategy.fsdp2.pipeline_microbatches", "4", "--train.micro_batch_size", "8",
 ]  # fmt: skip
 FOUR_BLOCKS = ["--model.n_layer", "4"]  # interleaved: 2 stages on each of 2 ranks, one block each
-INTERLEAVED = ["--strategy.fsdp2.pipeline_schedule", "Interleaved1F1B", "--strategy.fsdp2.pipeline_stages_per_rank"]
-INTERLEAVED += ["2"]
+INTERLEAVED = [
+    "--strategy.fsdp2.pipeline_schedule", "Interleaved1F1B", "--strategy.fsdp2.pipeline_stages_per_rank", "2",
+]  # fmt: skip
 LLAMA = ["--model.arch", "llama", "--model.bias", "false", "--model.n_head", "4", "--model.n_kv_head", "2"]
 LLAMA += ["--model.intermediate_size", "96"]
 # name -> (overrides, nodes); every layout has a global batch of 8 sequences.
