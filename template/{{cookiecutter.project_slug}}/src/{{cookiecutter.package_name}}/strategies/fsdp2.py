@@ -1,7 +1,11 @@
 """FSDP2, HSDP and tensor parallel: torch's fully_shard per block (and DTensor tensor parallel inside a node)
 through Fabric's ModelParallelStrategy. FSDP2 is the default sharded strategy; it runs on CPU (gloo) too.
+With `fsdp2.pipeline_parallel_size` > 1 the blocks are split into pipeline stages on a (pipeline, data
+parallel, tensor parallel) mesh, each stage sharded as a model of its own, and a schedule runs forward and
+backward (`forward_backward`).
 
-The in-process half (the parallelize_fn, device meshes, clipping across meshes) is `fully_shard.py`.
+The in-process half (the parallelize_fn, device meshes, clipping across meshes) is `fully_shard.py`; the
+pipeline's stages and schedule are `pipeline.py`, its recipe rules `pipeline_checks.py`.
 """
 
 from __future__ import annotations
