@@ -16,7 +16,8 @@ median over repeats and the spread (min..max). The workers are the other files o
                       against full and none (time, and the bytes held for backward)
     shard_cache.py    data wait per step through the shard cache from S3 (moto on localhost), cold and warm,
                       against the same folder read locally
-The start-up figures are measured here: command to first optimizer step against `import torch, lightning`,
+The start-up and pipeline figures are measured here (the pipeline's: `train` under ddp and under a
+2-stage pipeline on the same global batch, each step's time as the run logs it, beside plan's bubble): command to first optimizer step against `import torch, lightning`,
 and the same on prepared corpora of 1, 4 and 16 GB (sparse shards: no disk used, nothing read at start).
 """
 
@@ -75,6 +76,8 @@ FIGURES: list[tuple[str, str, tuple[str, float] | None]] = [
     ("selective_ac_step_vs_full", "forward+backward time, selective checkpointing / full", ("<=", 1.0)),
     ("selective_ac_step_vs_none", "forward+backward time, selective checkpointing / none", None),
     ("full_ac_step_vs_none", "forward+backward time, full checkpointing / none", None),
+    ("pipeline_step_vs_ddp", "step time, 2-stage pipeline (1F1B, 4 pieces) / ddp, 2 processes, same batch", None),
+    ("pipeline_predicted_step_vs_ddp", "the same as plan's bubble predicts it: 1 / (1 - bubble)", None),
 ]
 
 
@@ -271,6 +274,52 @@ def startup_figure(quick: bool, repeats: int) -> dict[str, Any]:
     return {**summary(ratios), "seconds": seconds}
 
 
+def logged_step_seconds(out_dir: Path, *overrides: str) -> float:
+    """Median seconds per step that `train` (cpu-debug, 2 processes, CSV logs) logs after its first 2 steps."""
+    train = ["train", "--config", str(PROJECT / "recipes" / "cpu-debug.yaml"), "--out_dir", str(out_dir)]
+    train += ["--logger.name", "csv", "--logger.log_every_steps", "1", "--checkpoint.resume", "null"]
+    train += ["--eval.every_steps", "0", "--checkpoint.save_every_steps", "0", *overrides]
+    command = [sys.executable, "-m", PACKAGE, *train]
+    result = subprocess.run(command, env=worker_env(1), capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    import csv
+
+    seconds = []
+    for path in out_dir.glob("csv/version_*/metrics.csv"):
+        with path.open() as handle:
+            rows = csv.DictReader(handle)
+            seconds += [
+                float(r["time/step_seconds"]) for r in rows if r.get("time/step_seconds") and int(r["step"]) > 2
+            ]
+    return statistics.median(seconds)
+
+
+def pipeline_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any]]:
+    """Step time of a 2-stage 1F1B pipeline (one micro-batch of 8 in 4 pieces) against ddp (2 x 4), alternating
+    runs, beside the step time plan's bubble predicts: (p - 1) / (m + p - 1) of the step idles."""
+    sys.path.insert(0, str(PROJECT / "src"))
+    from importlib import import_module
+
+    bubble = import_module(f"{PACKAGE}.planner.pipeline").bubble_fraction("1F1B", 2, 4)
+    steps = ["--train.max_steps", "6" if quick else "20"]
+    pipeline = ["--strategy.fsdp2.pipeline_parallel_size", "2", "--strategy.fsdp2.pipeline_microbatches", "4"]
+    ratios, seconds = [], {"ddp": [], "pipeline": []}
+    with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as folder:
+        for repeat in range(repeats):
+            ddp = logged_step_seconds(Path(folder) / f"ddp-{repeat}", *steps, "--strategy.name", "ddp")
+            piped = logged_step_seconds(
+                Path(folder) / f"pp-{repeat}", *steps, "--train.micro_batch_size", "8", *pipeline
+            )
+            ratios.append(piped / ddp)
+            seconds["ddp"].append(ddp)
+            seconds["pipeline"].append(piped)
+    return {
+        "pipeline_step_vs_ddp": {**summary(ratios), "seconds_per_step": seconds, "bubble": bubble},
+        "pipeline_predicted_step_vs_ddp": {**summary([1 / (1 - bubble)]), "bubble": bubble},
+    }
+
+
 def sparse_corpus(folder: Path, small: Path, total_bytes: int, shard_bytes: int) -> None:
     """A prepared folder of `total_bytes` of token 0 in sparse shards of `shard_bytes` (no disk used), with the
     tokenizer of `small` (a real prepare) and a manifest that states it, digests included."""
@@ -386,6 +435,7 @@ def main() -> None:
         ("corpus start-up", lambda: figures.update(corpus_startup_figures(args.quick, repeats))),
         ("training defaults", lambda: figures.update(training_default_figures(args.quick, repeats))),
         ("shard cache", lambda: figures.update(shard_cache_figures(args.quick, repeats))),
+        ("pipeline", lambda: figures.update(pipeline_figures(args.quick, repeats))),
     ]
     seconds = {}
     for name, measure in sections:

@@ -27,6 +27,8 @@ KEYS = {
     "first_step_16gb_vs_1gb",
     "first_step_verify_full_vs_sizes",
     "host_syncs_per_step",
+    "pipeline_step_vs_ddp",
+    "pipeline_predicted_step_vs_ddp",
     "fused_decide_vs_per_decision",
     "profile_other_steps_vs_off",
     "adamw_vs_previous_default",

@@ -17,6 +17,7 @@ from helpers import PROJECT, RECIPES, cli_env
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.commands.plan import plan_device
 from {{ cookiecutter.package_name }}.planner.hardware import INTERCONNECTS
+from {{ cookiecutter.package_name }}.planner.pipeline import bubble_fraction, pieces_held
 from {{ cookiecutter.package_name }}.planner.plan import CANDIDATES, Plan, estimate, plan, plan_inputs
 from {{ cookiecutter.package_name }}.planner.report import written_recipe
 from {{ cookiecutter.package_name }}.recipe.load import load_recipe
@@ -30,9 +31,15 @@ STRATEGIES = [
     "hsdp",
     "fsdp2",
     "zero3",
+    "fsdp2_pp2",
+    "fsdp2_pp4",
+    "fsdp2_pp8",
     "fsdp2_tp2",
     "fsdp2_tp4",
     "fsdp2_tp8",
+    "fsdp2_pp2_tp8",
+    "fsdp2_pp4_tp8",
+    "fsdp2_pp8_tp8",
     "zero3_offload",
     "zero3_nvme",
 ]
@@ -77,10 +84,40 @@ def test_a_model_whose_single_layer_does_not_fit_gets_tensor_parallel(capsys: py
     plan = plan_json(capsys, *long_and_wide)
     usable = plan["device"]["usable_bytes"]
     for option in plan["options"]:
-        if not option["strategy"].startswith("fsdp2_tp"):  # even checkpointed, one rebuilt layer is too much
+        if "_tp" not in option["strategy"]:  # even checkpointed, one rebuilt layer is too much (pipelines too)
             assert option["activation_bytes_with_checkpointing"] > usable and not option["fits"]
     assert plan["recommended"]["strategy"].startswith("fsdp2_tp")
     assert plan["recommended"]["tensor_parallel_size"] > 1
+
+
+def test_the_70b_recipes_pipeline_candidate_matches_a_hand_computation(capsys: pytest.CaptureFixture[str]) -> None:
+    """fsdp2_pp4_tp8 on 8 nodes x 8 GPUs: 4 stages of 20 Llama-70B blocks, each split over 8 GPUs and sharded over
+    the 2 copies of its stage; micro batch 8 in 8 pieces of one sequence under 1F1B."""
+    plan = plan_json(capsys, str(RECIPES / "llama-70b-pp-fsdp2-tp-multinode.yaml"), "--gpu", "H100")
+    option = next(option for option in plan["options"] if option["strategy"] == "fsdp2_pp4_tp8")
+    width, kv_width, hidden, vocab = 8192, 1024, 28672, 128256
+    block = (2 * width * width + 2 * width * kv_width + 3 * width * hidden) // 8 + 2 * width  # norms are not split
+    outside = 2 * vocab * width + width  # embedding, head, final norm: on the largest stage, not split
+    stage = 20 * block + outside
+    assert option["parameters_bytes"] == option["gradients_bytes"] == 2 * stage / 2  # bf16, over 2 data-parallel ranks
+    assert option["optimizer_bytes"] == 12 * stage / 2  # fp32 master weights, Adam's two moments
+    assert option["pipeline"] == {
+        "stages": 4,
+        "schedule": "1F1B",
+        "bubble_fraction": 3 / 11,  # (p - 1) / (m + p - 1)
+        "pieces_held_by_first_stage": 4,  # min(m, p)
+        "blocks_per_rank": 20,
+        "p2p_elements_per_micro_batch": 2 * 8192 * 8 * width,  # forward activations and backward gradients, s b h
+    }
+    bubbles = {o["strategy"]: o["pipeline"]["bubble_fraction"] for o in plan["options"] if o["pipeline"]}
+    assert bubbles["fsdp2_pp2"] == 1 / 9 and bubbles["fsdp2_pp8"] == 7 / 15
+
+
+def test_bubble_and_held_pieces_of_each_schedule() -> None:
+    assert bubble_fraction("GPipe", 4, 8) == bubble_fraction("1F1B", 4, 8) == 3 / 11
+    assert bubble_fraction("Interleaved1F1B", 4, 8, stages_per_rank=2) == 3 / 22  # interleaving divides it by v
+    assert pieces_held("GPipe", 4, 8) == 8 and pieces_held("1F1B", 4, 8) == 4
+    assert pieces_held("Interleaved1F1B", 4, 8, stages_per_rank=2) == 4 * (1 + 3 / 8)
 
 
 def test_the_json_lists_every_candidate_with_the_documented_fields(capsys: pytest.CaptureFixture[str]) -> None:
@@ -172,6 +209,19 @@ def test_write_fills_the_recommended_strategy_into_a_nested_recipe(
     assert recipe["strategy"]["activation_checkpointing"] is True
     assert (recipe["model"]["n_layer"], recipe["model"]["n_embd"], recipe["devices"]) == (80, 8192, 8)
     assert "deepspeed_stage" not in recipe["strategy"] and "offload_optimizer" not in recipe["strategy"]
+
+
+def test_write_turns_a_recommended_pipeline_into_a_recipe_that_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The 70B recipe's activations fit only in a pipeline's stages: the written recipe runs one, one sample a piece."""
+    target = tmp_path / "mine.yaml"
+    main(["plan", str(RECIPES / "llama-70b-pp-fsdp2-tp-multinode.yaml"), "--gpu", "H100", "--write", str(target)])
+    assert "recommended: fsdp2_pp2" in capsys.readouterr().out
+    recipe = load_recipe(target)  # the recipe checks pass
+    options = recipe.strategy.fsdp2
+    assert (options.pipeline_parallel_size, options.pipeline_schedule, options.tensor_parallel_size) == (2, "1F1B", 1)
+    assert options.pipeline_microbatches == recipe.train.micro_batch_size == 8 and recipe.eval.every_steps == 0
 
 
 def plan_for(name: str) -> Plan:

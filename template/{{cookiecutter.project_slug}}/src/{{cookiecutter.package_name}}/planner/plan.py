@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from {{ cookiecutter.package_name }}.planner.hardware import NVME_GB_S, PCIE_GB_S
+from {{ cookiecutter.package_name }}.planner.pipeline import PipelineTerms, pipeline_terms
 from {{ cookiecutter.package_name }}.precision import MIXED, States, zero_model_states
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.strategies import REGISTRY, PlanOption, TrainingStrategy
@@ -52,14 +53,15 @@ class Candidate:
         return self.option.tensor_parallel
 
 
-def cost(candidate: Candidate) -> tuple[int, int, float, int, bool]:
+def cost(candidate: Candidate) -> tuple[int, int, int, float, int, bool]:
     """Cheaper first: no host or NVMe traffic, then no tensor parallel (its all-reduces sit on the critical path),
-    then less data-parallel communication (1x before 1.5x), a lower ZeRO stage, and hsdp before full sharding,
+    then fewer pipeline stages (a pipeline idles in its bubble), then less data-parallel communication (1x before 1.5x), a lower ZeRO stage, and hsdp before full sharding,
     since only a shard of the gradients crosses the nodes. Ties keep the registry's order (fsdp2 before zero3)."""
     option = candidate.option
     return (
         ("none", "cpu", "nvme").index(option.offload),
         option.tensor_parallel,
+        option.pipeline_parallel,
         option.comm_vs_ddp,
         option.stage,
         not option.hybrid,
@@ -121,6 +123,7 @@ class Estimate:
     fits: bool
     comm_vs_ddp: float
     step_seconds: float | None
+    pipeline: PipelineTerms | None = None  # bubble, pieces held, p2p: pipeline candidates only
 
     @property
     def runtime_extra(self) -> float:
@@ -175,6 +178,9 @@ def unavailable(candidate: Candidate, inputs: Inputs) -> str | None:
     problem = inputs.cost.tensor_parallel_problem(t) if t > 1 else None  # what of the model it fails to divide
     if t > 1 and (inputs.devices % t or problem):
         return f"tensor parallel {t} must divide devices={inputs.devices}" + (f" and {problem}" if problem else "")
+    stages, pp = option.pipeline_parallel * option.pipeline_stages_per_rank, option.pipeline_parallel
+    if pp > 1 and (inputs.world_size % (pp * t) or inputs.cost.n_layer < stages):
+        return f"{pp} pipeline stages x tensor parallel {t} must divide {inputs.world_size} ranks, {stages} <= n_layer"
     return None
 
 
@@ -184,9 +190,18 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
     scale = inputs.parameters / cost.parameters()  # a bare --parameters count on a reference shape
     local = cost.parameters(t) * scale  # parameters on one tensor-parallel rank
     layer = cost.layer_parameters(t) * scale
-    data_parallel = max(1, (inputs.devices if option.hybrid else inputs.world_size) // t)
+    root = local - cost.n_layer * layer
+    pp = option.pipeline_parallel
+    data_parallel = max(1, (inputs.devices if option.hybrid else inputs.world_size) // (t * pp))
+    sixteen_bit = option.sixteen_bit_module and precision in MIXED
+    activation_precision = "bf16-true" if sixteen_bit else precision
+    pipeline = None
+    if pp > 1:  # each piece one sample: the smallest bubble the micro-batch allows
+        schedule, per_rank = option.pipeline_schedule, option.pipeline_stages_per_rank
+        pipeline = pipeline_terms(cost, pp, schedule, per_rank, micro_batch, micro_batch, activation_precision, t)
+        local = pipeline.layers * layer + root  # the largest stage: its blocks and (at most) every module outside
     paper = zero_model_states(local, precision, option.stage, data_parallel)
-    sizes = PlanSizes(local, layer, local - cost.n_layer * layer, precision, data_parallel)
+    sizes = PlanSizes(local, layer, root, precision, data_parallel)
     extra = candidate.strategy.plan_runtime_terms(option, sizes)
     offloaded = 0.0
     if option.offload != "none":  # the states (and what lives with the optimizer) leave the GPU, per node
@@ -194,8 +209,7 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
         paper = States(0.0, 0.0, 0.0)
         extra = [term for term in extra if not term.with_optimizer]
     terms = tuple((term.label, term.bytes) for term in extra)
-    sixteen_bit = option.sixteen_bit_module and precision in MIXED
-    acts = cost.activations(micro_batch, "bf16-true" if sixteen_bit else precision, t)
+    acts = pipeline.activations if pipeline else cost.activations(micro_batch, activation_precision, t)
     base = paper.total + sum(value for _, value in terms)
     checkpointing = base + acts.held > inputs.budget
     total = base + (acts.checkpointed_peak if checkpointing else acts.held)
@@ -203,34 +217,46 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
     fits = why_not is None and total <= inputs.budget
     if option.offload == "cpu" and inputs.host_memory_bytes is not None:
         fits = fits and offloaded <= inputs.host_memory_bytes
-    comm, seconds = communication(candidate, inputs, micro_batch, local, data_parallel, checkpointing)
-    return Estimate(candidate, why_not, paper, offloaded, terms, acts, checkpointing, total, fits, comm, seconds)
+    comm, seconds = communication(candidate, inputs, micro_batch, local, data_parallel, checkpointing, pipeline)
+    return Estimate(
+        candidate, why_not, paper, offloaded, terms, acts, checkpointing, total, fits, comm, seconds, pipeline
+    )
 
 
 def communication(
-    candidate: Candidate, inputs: Inputs, micro_batch: int, local: float, data_parallel: int, checkpointing: bool
+    candidate: Candidate,
+    inputs: Inputs,
+    micro_batch: int,
+    local: float,
+    data_parallel: int,
+    checkpointing: bool,
+    pipeline: PipelineTerms | None = None,
 ) -> tuple[float, float | None]:
     """(volume per device relative to ddp, lower bound on the seconds of one optimizer step).
 
     Every candidate processes the same global batch: micro_batch x grad_accum samples per device,
     so a tensor-parallel group of t devices runs t times as many micro-batches per data-parallel rank.
     Sharded parameters are gathered again for every micro-batch; the gradients of ddp and ZeRO 1-2
-    are reduced once per step.
+    are reduced once per step. A pipeline of p stages likewise runs p times as many micro-batches per
+    data-parallel rank, idles in its bubble, and sends activations between stages across nodes.
     """
     cost, option, t, p = inputs.cost, candidate.option, candidate.tensor_parallel, inputs.parameters
 
     def elements(micro_batches: int) -> tuple[float, float]:
-        tensor = cost.tensor_parallel_elements(micro_batch) * micro_batches * (t - 1) / t
+        # A pipeline stage runs p times the micro-batches on 1/p of the layers: the same tensor-parallel volume.
+        tensor = cost.tensor_parallel_elements(micro_batch) * micro_batches * (t - 1) / t / option.pipeline_parallel
         # Unsharded parameters: the gradients are reduced once per step; sharded: gathered for every micro-batch.
         data = option.comm_vs_ddp * 2 * local * (micro_batches if option.stage == 3 else 1)
         return data, tensor
 
-    data, tensor = elements(t)
+    group = t * option.pipeline_parallel  # devices that share one data-parallel rank's micro-batches
+    p2p = pipeline.p2p_elements if pipeline else 0.0
+    data, tensor = elements(group)
     across_nodes = 2 * local / inputs.devices if option.hybrid else 0.0  # the replicas' all-reduce
-    ratio = (data + across_nodes + tensor) / (2 * p)  # one micro-batch per device, as in the ZeRO paper
+    ratio = (data + across_nodes + tensor + p2p) / (2 * p)  # one micro-batch per device, as in the ZeRO paper
     if inputs.cpu:
         return ratio, None
-    data, tensor = elements(inputs.grad_accum * t)
+    data, tensor = elements(inputs.grad_accum * group)
     sixteen_bit = option.sixteen_bit_module and inputs.precision in MIXED
     collective_bytes = 2 if sixteen_bit or inputs.precision in ("bf16-true", "16-true") else 4
     if inputs.gpu.peak_tflops is None:
@@ -238,6 +264,8 @@ def communication(
     samples = micro_batch * inputs.grad_accum
     flops = cost.training_flops_per_sample() * (p / cost.parameters()) * samples
     compute = flops * (4 / 3 if checkpointing else 1) / (inputs.gpu.peak_tflops * 1e12)
+    if pipeline:  # the bubble idles; stages exchange activations over the links between nodes
+        compute /= 1 - pipeline.bubble
     intra = inputs.gpu.intra_node_gb_s * GB
     across = min(intra, inputs.inter_node_gb_s * GB / inputs.devices) if inputs.num_nodes > 1 else intra
     gradient_bytes = 4 if sixteen_bit and option.fp32_gradient_reduce else collective_bytes
@@ -249,12 +277,13 @@ def communication(
     else:
         network = data * data_bytes / across if data_parallel > 1 else 0.0
     host = 0.0
-    micro_batches = inputs.grad_accum * t
+    micro_batches = inputs.grad_accum * group
     if option.offload == "cpu":  # parameters in twice per micro-batch (forward, backward), gradients out
         host = (2 * micro_batches + 1) * 2 * local / data_parallel / (PCIE_GB_S * GB)
     elif option.offload == "nvme":  # the node's drive reads and writes every rank's 16 bytes per parameter
         host = 2 * 16 * local / data_parallel * inputs.devices / (NVME_GB_S * GB)
     activation_bytes = 4 if inputs.precision == "32-true" else 2
+    network += p2p * inputs.grad_accum * activation_bytes / across
     return ratio, max(compute, network, host) + tensor * activation_bytes / intra
 
 
@@ -290,6 +319,8 @@ def reason(best: Estimate, inputs: Inputs, micro_batch: int) -> str:
         offloaded=size(best.offloaded),
         tensor_parallel=option.tensor_parallel,
         layer_activations=size(inputs.cost.layer_activations(micro_batch, inputs.precision)),
+        pipeline_parallel=option.pipeline_parallel,
+        bubble=f"{best.pipeline.bubble:.0%}" if best.pipeline else "none",
     )
     how = "with activation checkpointing" if best.checkpointing else "without activation checkpointing"
     batch = f"micro batch {micro_batch}" + (

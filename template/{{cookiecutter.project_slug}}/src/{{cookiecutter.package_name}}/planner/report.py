@@ -53,6 +53,10 @@ def written_recipe(base: dict[str, Any], model: dict[str, Any], result: Plan) ->
     recipe.setdefault("train", {}).update(
         micro_batch_size=result.micro_batch, grad_accum_steps=max(1, sequences // result.micro_batch)
     )
+    if best.pipeline is not None:  # one sample a piece; validation does not run through a pipeline
+        strategy = recipe["strategy"]
+        strategy[strategy["name"]]["pipeline_microbatches"] = result.micro_batch  # the family's options section
+        recipe.setdefault("eval", {})["every_steps"] = 0
     return recipe
 
 
@@ -87,6 +91,14 @@ def render(result: Plan) -> str:
             f"{e.candidate.name:<14}{row}{mark}{e.total / GB:9.3g}{offloaded:>14}  {fits:<5}{e.comm_vs_ddp:5.2f}x{step}"
         )
     lines.append("(* total with activation checkpointing; n/a: cannot run this layout)")
+    for e in result.estimates:
+        if (pipeline := e.pipeline) is not None:
+            option = e.candidate.option
+            lines.append(
+                f"{e.candidate.name}: {pipeline.stages} stages ({option.pipeline_schedule}, {result.micro_batch or inputs.micro_batch}"
+                f" pieces), bubble {pipeline.bubble:.1%}, the first stage holds {pipeline.pieces_held:g} pieces of"
+                f" {pipeline.layers} blocks, sends {pipeline.p2p_elements:.3g} elements per micro-batch"
+            )
     lines.append("")
     if result.recommended is None:
         lines.append(result.reason)
@@ -125,6 +137,16 @@ def to_json(result: Plan) -> dict[str, Any]:
                 "fits": e.fits,
                 "comm_volume_vs_ddp": e.comm_vs_ddp,
                 "step_time_lower_bound_s": e.step_seconds,
+                "pipeline": None
+                if e.pipeline is None
+                else {
+                    "stages": e.pipeline.stages,
+                    "schedule": e.candidate.option.pipeline_schedule,
+                    "bubble_fraction": e.pipeline.bubble,
+                    "pieces_held_by_first_stage": e.pipeline.pieces_held,
+                    "blocks_per_rank": e.pipeline.layers,
+                    "p2p_elements_per_micro_batch": e.pipeline.p2p_elements,
+                },
             }
         )
     recommended = None

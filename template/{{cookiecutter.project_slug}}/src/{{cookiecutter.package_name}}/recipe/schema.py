@@ -27,11 +27,27 @@ class Fsdp2Options:
             capability 8.9 or newer: H100, L4, ...).
         cpu_offload: Keep parameters, gradients and optimizer state in host memory between uses
             (GPUs only; torch's CPUOffloadPolicy): a larger model on fewer GPUs, at some speed.
+        pipeline_parallel_size: Pipeline stages the blocks are split into, each on its own group of
+            devices (torch.distributed.pipelining); 1 turns pipeline parallel off. The mesh is
+            (pipeline, data parallel, tensor parallel): devices x num_nodes = pp x dp x tp.
+        pipeline_microbatches: Pieces each micro-batch is cut into and fed through the pipeline
+            (divides train.micro_batch_size); more pieces, a smaller bubble.
+        pipeline_schedule: GPipe, 1F1B or Interleaved1F1B (several stages per device). torch's
+            zero-bubble schedules split backward in two, and fully_shard reduces the gradients before
+            the second half: they are not offered.
+        pipeline_stages_per_rank: Stages each pipeline rank holds (1 for GPipe/1F1B, >= 2 interleaved).
+        pipeline_split: Blocks per stage, in order (sums to the number of blocks); empty: balanced by
+            parameter count.
     """
 
     tensor_parallel_size: int = 1
     float8: bool = False
     cpu_offload: bool = False
+    pipeline_parallel_size: int = 1
+    pipeline_microbatches: int = 4
+    pipeline_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = "1F1B"
+    pipeline_stages_per_rank: int = 1
+    pipeline_split: list[int] = field(default_factory=list)
 
 
 @dataclass

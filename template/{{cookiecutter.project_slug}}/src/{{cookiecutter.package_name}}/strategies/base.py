@@ -58,6 +58,9 @@ class PlanOption:
     runs_on_cpu: bool = True
     sixteen_bit_module: bool = False  # mixed precision runs a 16-bit copy of the module: activations, collectives
     fp32_gradient_reduce: bool = False  # a 16-bit module whose gradients are still reduced in fp32 (fully_shard's)
+    pipeline_parallel: int = 1  # stages the blocks are split into, one group of devices each
+    pipeline_schedule: str = "1F1B"  # GPipe | 1F1B | Interleaved1F1B
+    pipeline_stages_per_rank: int = 1
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,20 @@ class TrainingStrategy:
         """Skip the gradient reduction of a micro-batch that is not the last of its step."""
         with fabric.no_backward_sync(model, enabled=enabled):
             yield
+
+    def forward_backward(
+        self,
+        fabric: Fabric,
+        model: Any,
+        batch: Any,
+        accumulate: int,
+        adjust_loss: Callable[[torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """Forward and backward of one of a step's `accumulate` micro-batches (its loss, `adjust_loss`-ed, divided by
+        `accumulate`); the loss, detached. A pipeline runs both through its schedule (fsdp2's pipeline options)."""
+        loss = adjust_loss(self.task.loss(model, batch))
+        fabric.backward(loss / accumulate)
+        return loss.detach()
 
     def clip_and_step(self, fabric: Fabric, model: Any, optimizer: Any, max_norm: float) -> torch.Tensor | None:
         """Clip the global gradient norm to `max_norm` (0: no clipping), step; return the norm before clipping."""

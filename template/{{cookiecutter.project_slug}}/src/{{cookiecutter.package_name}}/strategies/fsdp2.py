@@ -1,11 +1,17 @@
 """FSDP2, HSDP and tensor parallel: torch's fully_shard per block (and DTensor tensor parallel inside a node)
 through Fabric's ModelParallelStrategy. FSDP2 is the default sharded strategy; it runs on CPU (gloo) too.
+With `fsdp2.pipeline_parallel_size` > 1 the blocks are split into pipeline stages on a (pipeline, data
+parallel, tensor parallel) mesh, each stage sharded as a model of its own, and a schedule runs forward and
+backward (`forward_backward`).
 
-The in-process half (the parallelize_fn, device meshes, clipping across meshes) is `fully_shard.py`.
+The in-process half (the parallelize_fn, device meshes, clipping across meshes) is `fully_shard.py`; the
+pipeline's stages and schedule are `pipeline.py`, its recipe rules `pipeline_checks.py`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +28,10 @@ from {{ cookiecutter.package_name }}.strategies.base import (
     divisors,
     process_group_options,
 )
+from {{ cookiecutter.package_name }}.strategies.pipeline_checks import check_pipeline
 
 if TYPE_CHECKING:
+    import torch
     from lightning.fabric import Fabric
     from lightning.fabric.strategies import Strategy
     from torch import nn
@@ -49,6 +57,10 @@ class FSDP2(TrainingStrategy):
     @property
     def tensor_parallel_size(self) -> int:
         return self.options.tensor_parallel_size
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        return self.options.pipeline_parallel_size
 
     def check(self) -> None:
         recipe, tensor_parallel = self.recipe, self.tensor_parallel_size
@@ -86,6 +98,8 @@ class FSDP2(TrainingStrategy):
                 f"strategy.name={self.name} needs num_nodes >= 2 (it shards inside a node and replicates across"
                 " nodes); on one node choose fsdp2"
             )
+        if self.pipeline_parallel_size != 1:
+            check_pipeline(self)
         if recipe.precision not in SHARDED_PRECISIONS:
             raise RecipeError(
                 f"precision={recipe.precision} is not supported with strategy.name={self.name}"
@@ -112,10 +126,16 @@ class FSDP2(TrainingStrategy):
         )
 
     def data_parallel_size(self) -> int:
-        return self.recipe.world_size // self.tensor_parallel_size
+        return self.recipe.world_size // (self.tensor_parallel_size * self.pipeline_parallel_size)
 
     def describe(self) -> str:
         text = f"strategy {self.name}"
+        if self.pipeline_parallel_size > 1:
+            options = self.options
+            text = (
+                f"pipeline parallel {self.pipeline_parallel_size} ({options.pipeline_schedule},"
+                f" {options.pipeline_microbatches} micro-batches) x {text}"
+            )
         return text + f" x tensor parallel {self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else text
 
     def plan_options(self) -> list[PlanOption]:
@@ -140,7 +160,25 @@ class FSDP2(TrainingStrategy):
             comm_vs_ddp=1.5,
             **BF16_POLICY,
         )
-        return [sharded, *tensor_parallel]
+        # Blocks split into stages across nodes (activations cross the slow links, not parameters), each stage
+        # sharded inside its group; with tensor parallel inside a node for the largest models.
+        pipeline = [
+            PlanOption(
+                f"{self.name}_pp{stages}" + (f"_tp{size}" if size > 1 else ""),
+                stage=3,
+                recipes=("cpu-pp-debug", "llama-70b-pp-fsdp2-tp-multinode", "llama-70b-pp-fsdp2-tp-multinode"),
+                why="{pipeline_parallel} pipeline stages each hold 1/{pipeline_parallel} of the blocks and the"
+                " activations of the pieces in flight ({bubble} of a step idles in the bubble); only activations"
+                " cross between stages",
+                comm_vs_ddp=1.5,
+                tensor_parallel=size,
+                pipeline_parallel=stages,
+                **BF16_POLICY,
+            )
+            for size in (1, 8)
+            for stages in (2, 4, 8)
+        ]
+        return [sharded, *tensor_parallel, *pipeline]
 
     def plan_runtime_terms(self, option: PlanOption, sizes: PlanSizes) -> list[PlanTerm]:
         # Under bf16-mixed the sharded parameters stay fp32 and fully_shard's MixedPrecisionPolicy gathers them in
@@ -157,29 +195,94 @@ class FSDP2(TrainingStrategy):
         ]
 
     def plan_section(self, option: PlanOption, base: dict[str, Any]) -> dict[str, Any]:
-        return {"name": self.name, "fsdp2": {"tensor_parallel_size": option.tensor_parallel, "float8": False}}
+        section: dict[str, Any] = {"tensor_parallel_size": option.tensor_parallel, "float8": False}
+        if option.pipeline_parallel > 1:  # pipeline_microbatches: the plan's micro batch, one sample a piece
+            section |= {
+                "pipeline_parallel_size": option.pipeline_parallel,
+                "pipeline_schedule": option.pipeline_schedule,
+                "pipeline_stages_per_rank": option.pipeline_stages_per_rank,
+            }
+        return {"name": self.name, "fsdp2": section}
 
     def fabric_strategy(self) -> Strategy:
-        from {{ cookiecutter.package_name }}.strategies.fully_shard import ModelParallel, parallelize
+        from {{ cookiecutter.package_name }}.strategies.fully_shard import ModelParallel, parallelize, parallelize_pipeline
 
-        return ModelParallel(
-            parallelize_fn=partial(
+        if self.pipeline_parallel_size > 1:
+            parallelize_fn = partial(parallelize_pipeline, config=self.config, precision=self.recipe.precision)
+        else:
+            parallelize_fn = partial(
                 parallelize,
                 config=self.config,
                 precision=self.recipe.precision,
                 num_nodes=self.recipe.num_nodes,
                 hybrid=self.hybrid,
-            ),
+            )
+        return ModelParallel(
+            parallelize_fn=parallelize_fn,
             data_parallel_size=self.data_parallel_size(),
             tensor_parallel_size=self.tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
             **process_group_options(self.recipe),
         )
 
+    def build_model(self, fabric: Fabric, pretrained: bool = False) -> nn.Module:
+        if self.pipeline_parallel_size == 1:
+            return super().build_model(fabric, pretrained)
+        from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineRank, build_stages, stage_indices, stage_split
+
+        options = self.options
+        mesh = fabric.strategy.device_mesh  # type: ignore[attr-defined]
+        stages = self.pipeline_parallel_size * options.pipeline_stages_per_rank
+        self.stage_split = stage_split(self.task.build_model, stages, options.pipeline_split)
+        self.stage_indices = stage_indices(
+            mesh.get_local_rank("pipeline"),
+            self.pipeline_parallel_size,
+            options.pipeline_stages_per_rank,
+        )
+        with fabric.init_module(empty_init=self.config.meta_init):
+            parts = build_stages(self.task.build_model, self.stage_split, self.stage_indices, self.config.meta_init)
+        return PipelineRank(parts)
+
     def setup(self, fabric: Fabric, model: nn.Module, make_optimizer: MakeOptimizer) -> tuple[Any, Any, Any]:
+        from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineRank, Schedule
+
         # Checkpointing and compile are applied inside the parallelize_fn, between tensor parallel and sharding.
         model = fabric.setup_module(model)
         optimizer = fabric.setup_optimizers(make_optimizer(model))
+        if isinstance(model.module, PipelineRank):
+            options = self.options
+            self.schedule = Schedule(
+                model.module.stages,
+                self.stage_indices,
+                len(self.stage_split),
+                fabric.strategy.device_mesh,  # type: ignore[attr-defined]
+                fabric.device,
+                options.pipeline_schedule,
+                options.pipeline_microbatches,
+                self.task.output_loss,
+            )
         return model, optimizer, optimizer
+
+    @contextmanager
+    def no_backward_sync(self, fabric: Fabric, model: Any, enabled: bool) -> Iterator[None]:
+        if self.pipeline_parallel_size > 1:  # the schedule reduces the gradients after its last piece
+            yield
+            return
+        with super().no_backward_sync(fabric, model, enabled):
+            yield
+
+    def forward_backward(
+        self,
+        fabric: Fabric,
+        model: Any,
+        batch: Any,
+        accumulate: int,
+        adjust_loss: Callable[[torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        if self.pipeline_parallel_size == 1:
+            return super().forward_backward(fabric, model, batch, accumulate, adjust_loss)
+        inputs, targets = self.task.pipeline_batch(batch)
+        return self.schedule.forward_backward(inputs, targets, accumulate, adjust_loss)
 
 
 class HSDP(FSDP2):

@@ -8,9 +8,11 @@ compiled, and `model.tensor_parallel_plan()`, how one block is split.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, cast
 
 import torch
+import torch.distributed as dist
 from lightning.fabric.strategies import ModelParallelStrategy
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -21,10 +23,70 @@ from torch.distributed.tensor.parallel import parallelize_module
 from {{ cookiecutter.package_name }}.precision import mixed_precision_policy
 from {{ cookiecutter.package_name }}.recipe.schema import StrategyConfig
 from {{ cookiecutter.package_name }}.strategies.base import prepare_blocks
+from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineRank
 
 
 class ModelParallel(ModelParallelStrategy):
-    """Fabric's ModelParallelStrategy, clipping gradients that live on several device meshes (tensor parallel)."""
+    """Fabric's ModelParallelStrategy, clipping gradients that live on several device meshes (tensor parallel), and
+    with `pipeline_parallel_size` > 1 on a (pipeline, data_parallel, tensor_parallel) mesh."""
+
+    def __init__(self, *args: Any, pipeline_parallel_size: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pipeline_parallel_size = pipeline_parallel_size
+
+    def setup_environment(self) -> None:
+        if self.pipeline_parallel_size == 1:
+            return super().setup_environment()
+        super(ModelParallelStrategy, self).setup_environment()
+        self._setup_distributed()
+        # Pipeline outermost: a stage's data- and tensor-parallel ranks are neighbours (tensor parallel inside
+        # a node), the stages cross the slower links, and the last rank holds the last stage.
+        self._device_mesh = init_device_mesh(
+            self.root_device.type,
+            (self.pipeline_parallel_size, int(self._data_parallel_size), int(self._tensor_parallel_size)),
+            mesh_dim_names=("pipeline", "data_parallel", "tensor_parallel"),
+        )
+        return None
+
+    def load_checkpoint(
+        self,
+        path: Any,
+        state: Any = None,
+        strict: bool = True,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Fabric's load, with each optimizer's parameter groups matched to this rank's parameters.
+
+        A sharded checkpoint stores the groups' parameter names once, as one rank listed them; under pipeline
+        parallel every stage lists only its own, so the names saved are one stage's. The groups' settings are
+        the same on every rank: they are loaded, and this rank's own names put in.
+        """
+        from lightning.fabric.strategies.model_parallel import _has_dtensor_modules, _is_sharded_checkpoint
+        from torch.distributed.checkpoint import load as load_distributed
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        path = Path(self.broadcast(path))
+        optimizers = {key: value for key, value in (state or {}).items() if isinstance(value, torch.optim.Optimizer)}
+        if not optimizers or not _is_sharded_checkpoint(path):
+            return super().load_checkpoint(path, state, strict=strict, weights_only=weights_only)
+        others = {key: value for key, value in state.items() if key not in optimizers}
+        remaining = super().load_checkpoint(path, others, strict=strict, weights_only=weights_only)
+        state.update(others)
+        module = next(value for value in others.values() if _has_dtensor_modules(value))
+        for key, optimizer in optimizers.items():
+            wanted: Any = get_optimizer_state_dict(module, optimizer)
+            own = [group["params"] for group in wanted["param_groups"]]
+            request = {key: wanted}
+            load_distributed(request, checkpoint_id=path)
+            for group, names in zip(request[key]["param_groups"], own, strict=True):
+                group["params"] = names
+            options = StateDictOptions(cpu_offload=True)
+            set_optimizer_state_dict(module, optimizer, optim_state_dict=request[key], options=options)
+        return remaining
 
     def clip_gradients_norm(
         self,
@@ -36,7 +98,8 @@ class ModelParallel(ModelParallelStrategy):
     ) -> torch.Tensor:
         """Clip the global gradient norm over all meshes."""
         self.precision.unscale_gradients(optimizer)
-        return clip_grad_norm(self.precision.main_params(optimizer), max_norm, norm_type, error_if_nonfinite)
+        pipeline = self.device_mesh.get_group("pipeline") if self.pipeline_parallel_size > 1 else None
+        return clip_grad_norm(self.precision.main_params(optimizer), max_norm, norm_type, error_if_nonfinite, pipeline)
 
 
 def sharding_meshes(device_mesh: DeviceMesh, hybrid_nodes: int) -> tuple[DeviceMesh, DeviceMesh]:
@@ -107,12 +170,18 @@ def convert_to_float8(model: nn.Module) -> None:
 
 
 def clip_grad_norm(
-    parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = True
+    parameters: Iterable[nn.Parameter],
+    max_norm: float,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = True,
+    pipeline: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """torch's clip_grad_norm_ for parameters spread over several device meshes; returns the total norm.
 
     Under tensor parallel the blocks' split layers live on the 2-D (data, tensor) mesh and the
     other parameters on the 1-D data mesh, and torch's version cannot combine norms across meshes.
+    Under pipeline parallel each stage holds only its own parameters: their norms are combined over
+    the `pipeline` group, so every stage clips by the whole model's norm.
     """
     by_mesh: dict[DeviceMesh | None, list[nn.Parameter]] = {}
     for param in parameters:
@@ -126,6 +195,27 @@ def clip_grad_norm(
     if not norms:
         return torch.zeros(())
     total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+    if pipeline is not None:
+        if norm_type == float("inf"):
+            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=pipeline)
+        else:
+            total = total.pow(norm_type)
+            dist.all_reduce(total, group=pipeline)
+            total = total.pow(1.0 / norm_type)
     for params in by_mesh.values():
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
+
+
+def parallelize_pipeline(
+    model: PipelineRank,
+    device_mesh: DeviceMesh,
+    config: StrategyConfig,
+    precision: str = "32-true",
+) -> PipelineRank:
+    """Each stage a rank holds parallelized as a model of its own (tensor parallel, checkpointing, fully_shard over
+    the stage's data-parallel ranks), then gathered again under the rank's module."""
+    for stage in model.stages:
+        parallelize(stage, device_mesh, config, precision)
+    model.gather()
+    return model

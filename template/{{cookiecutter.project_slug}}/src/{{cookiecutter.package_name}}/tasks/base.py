@@ -10,6 +10,9 @@ The model a task builds follows one contract, which is what strategies shard, ch
     model.tensor_parallel_plan()     {submodule path inside a block: ColwiseParallel() | RowwiseParallel()},
                                      or {} when the model has no tensor-parallel plan
     model.init_parameter(name, p)    initialise one parameter in place (meta-device and ZeRO-3 builds)
+    model.pipeline_ends()            (names before the blocks, names after them): the top-level modules a
+                                     pipeline's first and last stage hold; forward skips one set to None
+                                     (only for a task whose `pipeline_blocks` answers)
 and keeps every parameter inside a submodule (none on the model itself): ZeRO-3's zero.Init partitions a
 module's parameters when its constructor returns, so that its init draws the same random numbers as an
 ordinary build's.
@@ -116,6 +119,10 @@ class ModelCost(Protocol):
         """Elements all-reduced per micro-batch by tensor parallel, times (t - 1) / t (0 when it has none)."""
         ...
 
+    def hidden_elements(self, micro_batch: int) -> float:
+        """Elements of one block's output for a micro-batch: what a pipeline stage sends the next."""
+        ...
+
     def training_flops_per_sample(self) -> float:
         """Model FLOPs of one forward and backward pass of one sample."""
         ...
@@ -197,6 +204,10 @@ class Task:
         with about `parameters` parameters (`plan --parameters`), or None."""
         return None
 
+    def pipeline_blocks(self) -> int:
+        """The number of blocks a pipeline splits into stages; RecipeError when the model cannot be split."""
+        raise RecipeError(f"task {self.name} has no pipeline split (set strategy.fsdp2.pipeline_parallel_size=1)")
+
     def resumable_model_changes(self) -> frozenset[str]:
         """model: fields a checkpoint may be resumed with changed (the rest must match the checkpoint)."""
         return frozenset()
@@ -234,6 +245,15 @@ class Task:
 
     def loss(self, model: Any, batch: Any) -> torch.Tensor:
         """The mean training loss of a micro-batch (a scalar tensor)."""
+        raise NotImplementedError
+
+    def pipeline_batch(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the model's input, what `output_loss` compares its output with) of a micro-batch: what a pipeline
+        hands its first and its last stage."""
+        raise NotImplementedError
+
+    def output_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean loss of the model's outputs (the last pipeline stage computes it)."""
         raise NotImplementedError
 
     def validation_metrics(self) -> dict[str, Metric]:

@@ -4,7 +4,8 @@ Run it through the CLI (`<project> train --config recipes/cpu-debug.yaml`) or as
 launcher (`fabric run ... src/<package>/train.py --config mine.yaml`, `torchrun ...`, `srun ...`).
 `run.setup` builds what the loop trains. The loop does not know what that is: it asks the task
 (tasks/) for the loss of a micro-batch and the validation metrics, and the strategy (strategies/) at
-the three places where strategies differ: no_backward_sync, clip_and_step and discard_gradients.
+the places where strategies differ: forward_backward (a pipeline runs its own schedule), no_backward_sync,
+clip_and_step and discard_gradients.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from functools import partial
 
 import torch
 from lightning.fabric import Fabric
@@ -65,14 +67,14 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
     while state["step"] < max_steps:
         profiler.step_begins(state["step"] + 1)
         loss_sum = torch.zeros((), device=fabric.device)
+        poison = partial(poison_loss, step=state["step"] + 1)
         for micro_step, batch in enumerate(monitor.timed(run.batches.iter_step())):
             batch = fabric.to_device(batch)
             # Gradients are synchronised only on the last micro-batch of the step.
             with strategy.no_backward_sync(fabric, model, enabled=micro_step < accumulate - 1):
-                loss = task.loss(model, batch)
-                loss = poison_loss(loss, state["step"] + 1)  # NaN only under TRAIN_FAULT=nan-at-step
-                fabric.backward(loss / accumulate)
-            loss_sum += loss.detach()
+                # The task's loss (poisoned only under TRAIN_FAULT=nan-at-step), backpropagated over `accumulate`.
+                loss = strategy.forward_backward(fabric, model, batch, accumulate, poison)
+            loss_sum += loss
         # One all_reduce for what every rank decides together: a NaN/inf loss on some rank (every rank skips
         # this update, or the run stops, as the recipe says), a stop signal, a time-based checkpoint.
         fault_point("before-sync", state["step"] + 1)  # only under TRAIN_FAULT (tests)

@@ -94,6 +94,10 @@ class ViTShape:
         """Four all-reduces of s*b*h per block per micro-batch (two in forward, two in backward)."""
         return 8 * self.config.n_layer * self.config.sequence_length * micro_batch * self.config.n_embd
 
+    def hidden_elements(self, micro_batch: int) -> float:
+        """s*b*h: one block's output for a micro-batch (what a pipeline stage sends the next)."""
+        return self.config.sequence_length * micro_batch * self.config.n_embd
+
     def training_flops_per_sample(self) -> float:
         c = self.config
         h, s = c.n_embd, c.sequence_length

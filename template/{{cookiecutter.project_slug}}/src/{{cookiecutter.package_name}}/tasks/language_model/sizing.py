@@ -94,6 +94,10 @@ class Shape:
         """Four all-reduces of s*b*h per layer per micro-batch (two in forward, two in backward)."""
         return 8 * self.n_layer * self.sequence_length * micro_batch * self.n_embd
 
+    def hidden_elements(self, micro_batch: int) -> float:
+        """s*b*h: one block's output for a micro-batch (what a pipeline stage sends the next)."""
+        return self.sequence_length * micro_batch * self.n_embd
+
     def training_flops_per_sample(self) -> float:
         return training_flops_per_token(self) * self.sequence_length
 

@@ -197,10 +197,37 @@ class LanguageModel(Task):
 
         inputs, targets, *documents = batch
         if self.recipe.data.format != "sft":
-            return F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+            return self.output_loss(model(inputs), targets)
         logits = model(inputs, documents=documents[0]) if documents else model(inputs)
         summed = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
         return summed / counted_targets(targets).clamp(min=1)
+
+    def pipeline_blocks(self) -> int:
+        recipe = self.recipe
+        unsupported = {
+            "data.format=sft": recipe.data.format == "sft",
+            f"lora.rank={recipe.lora.rank}": bool(recipe.lora.rank),
+            f"eval.tasks={recipe.eval.tasks}": bool(recipe.eval.tasks),
+        }
+        for field in (field for field, applies in unsupported.items() if applies):
+            raise RecipeError(
+                f"{field} does not run under pipeline parallel yet (set strategy.fsdp2.pipeline_parallel_size=1)"
+            )
+        if self.recipe.model.arch == "llama" and self.recipe.model.tie_embeddings:
+            raise RecipeError(
+                "model.tie_embeddings=true shares the embedding with the head, which pipeline stages hold apart"
+                " (set it false, or strategy.fsdp2.pipeline_parallel_size=1)"
+            )
+        return self.recipe.model.n_layer
+
+    def pipeline_batch(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = batch
+        return inputs, targets
+
+    def output_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        return F.cross_entropy(outputs.flatten(0, 1), targets.flatten())
 
     def validation_metrics(self) -> dict[str, Metric]:
         from torchmetrics.aggregation import MeanMetric

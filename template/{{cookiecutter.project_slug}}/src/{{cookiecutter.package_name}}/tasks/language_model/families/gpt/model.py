@@ -101,6 +101,11 @@ class GPT(nn.Module):
             "mlp.proj": RowwiseParallel(),
         }
 
+    @staticmethod
+    def pipeline_ends() -> tuple[list[str], list[str]]:
+        """The modules before the blocks (a pipeline's first stage holds them) and after them (its last stage)."""
+        return ["token_embedding", "position_embedding", "dropout"], ["norm", "lm_head"]
+
     def reset_parameters(self) -> None:
         """GPT-2 initialisation; residual projections scaled down by the depth."""
         for name, param in self.named_parameters():
@@ -127,12 +132,13 @@ class GPT(nn.Module):
         time = idx.shape[1]
         if start + time > self.config.block_size:
             raise ValueError(f"sequence of {start + time} tokens exceeds block_size={self.config.block_size}")
-        mask = None
+        x, mask = idx, None  # a later pipeline stage (no embeddings) is handed the previous stage's hidden states
         if documents is None:
             positions = torch.arange(start, start + time, device=idx.device)
         else:
             mask, positions = example_attention(documents)
-        x = self.dropout(self.token_embedding(idx) + self.position_embedding(positions))
+        if self.token_embedding is not None:
+            x = self.dropout(self.token_embedding(idx) + self.position_embedding(positions))
         for index, block in enumerate(self.blocks):
             x = block(x, None, mask) if caches is None else block(x, caches[index])
-        return self.lm_head(self.norm(x))
+        return self.lm_head(self.norm(x)) if self.lm_head is not None else x

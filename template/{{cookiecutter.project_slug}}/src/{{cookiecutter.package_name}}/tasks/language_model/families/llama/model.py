@@ -136,6 +136,11 @@ class Llama(nn.Module):
             "mlp.down": RowwiseParallel(),
         }
 
+    @staticmethod
+    def pipeline_ends() -> tuple[list[str], list[str]]:
+        """The modules before the blocks (a pipeline's first stage holds them) and after them (its last stage)."""
+        return ["token_embedding"], ["norm", "lm_head"]
+
     def reset_parameters(self) -> None:
         """Normal(0, 0.02) matrices, residual projections scaled down by the depth, norms at one."""
         for name, param in self.named_parameters():  # a tied head is the embedding: named (and drawn) once
@@ -169,7 +174,8 @@ class Llama(nn.Module):
         if documents is not None:
             mask, positions = example_attention(documents)
             cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # (batch, 1, time, head_dim)
-        x = self.token_embedding(idx)
+        # A later pipeline stage (no embedding) is handed the previous stage's hidden states.
+        x = self.token_embedding(idx) if self.token_embedding is not None else idx
         for index, block in enumerate(self.blocks):
             x = block(x, cos, sin, None, mask) if caches is None else block(x, cos, sin, caches[index])
-        return self.lm_head(self.norm(x))
+        return self.lm_head(self.norm(x)) if self.lm_head is not None else x

@@ -1,0 +1,212 @@
+"""Pipeline parallel inside fsdp2: the model's blocks split into stages, each stage on its own group of ranks,
+micro-batches fed through by a torch.distributed.pipelining schedule (GPipe, 1F1B, interleaved 1F1B).
+
+As torchtitan does it, each stage is the whole model's structure with the other stages' parts removed: a
+stage keeps its parameters' names (`blocks.5.attn.q.weight` stays that on whichever stage holds block 5),
+so a checkpoint written under pipeline parallel is the whole model's, and loads under another layout.
+The stages a rank holds are gathered under one module (`PipelineRank`) for the optimizer and checkpoints;
+the schedule runs the stages themselves.
+
+The model contract (tasks/base.py) adds `model.pipeline_ends()`: the names of the top-level modules before
+the blocks (on the first stage) and after them (on the last stage); a model whose forward skips a missing
+one (None) runs as any stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+# Schedules that hold exactly one stage per rank; the others (interleaved) hold several.
+SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
+
+
+class StageBlocks(nn.ModuleList):
+    """Some of the model's blocks, kept under their indices in the whole model (`blocks.5`, not `blocks.0`).
+
+    Positions (`blocks[0]`, `enumerate(blocks)`) count the blocks held, as in a ModuleList.
+    """
+
+    def __init__(self, blocks: dict[int, nn.Module]) -> None:
+        super().__init__()
+        for index, block in blocks.items():
+            self.add_module(str(index), block)
+
+    def __getitem__(self, position: Any) -> Any:
+        return self._modules[list(self._modules)[position]]
+
+    def __setitem__(self, position: Any, module: Any) -> None:
+        self._modules[list(self._modules)[position]] = module
+
+    def indices(self) -> list[int]:
+        """The indices in the whole model of the blocks held."""
+        return [int(key) for key in self._modules]
+
+
+class PipelineRank(nn.Module):
+    """The stages one rank holds, as one module with the whole model's parameter names (optimizer, checkpoints).
+
+    Its children are the stages' own modules (shared, not copied); the schedule calls the stages.
+    """
+
+    stages: list[Any]  # the stage modules, each the whole model's structure with the other stages' parts removed
+
+    def __init__(self, stages: list[nn.Module]) -> None:
+        super().__init__()
+        object.__setattr__(self, "stages", stages)  # not registered: their modules are registered below
+        self.gather()
+
+    def gather(self) -> None:
+        """Register the stages' modules under their names, in the whole model's order (again after wrapping)."""
+        self._modules.clear()
+        blocks: dict[int, nn.Module] = {}
+        for name in self.stages[0]._modules:
+            if name == "blocks":
+                for stage in self.stages:
+                    blocks.update(zip(stage.blocks.indices(), stage.blocks, strict=True))
+                self.add_module("blocks", StageBlocks(dict(sorted(blocks.items()))))
+                continue
+            held = [stage._modules[name] for stage in self.stages if stage._modules[name] is not None]
+            if held:
+                self.add_module(name, held[0])
+
+    def forward(self, *args: Any) -> Any:
+        raise RuntimeError("a pipeline-parallel model runs through its schedule (strategy.forward_backward)")
+
+
+def stage_indices(rank: int, size: int, per_rank: int) -> list[int]:
+    """The stages pipeline rank `rank` of `size` holds: rank, rank + size, ... (the interleaved schedules' loop)."""
+    return [rank + round_ * size for round_ in range(per_rank)]
+
+
+def balanced_split(block_parameters: Sequence[int], first: int, last: int, stages: int) -> list[int]:
+    """Blocks per stage (each >= 1, in order) that minimise the largest stage's parameters.
+
+    `first` and `last`: parameters outside the blocks that the first and the last stage hold (embeddings, head).
+    """
+    count = len(block_parameters)
+    prefix = [0]
+    for size in block_parameters:
+        prefix.append(prefix[-1] + size)
+    # best[s][i]: (largest stage, split) of the first i blocks over the first s stages.
+    best: dict[tuple[int, int], tuple[float, list[int]]] = {(0, 0): (0, [])}
+    for stage in range(1, stages + 1):
+        extra = (first if stage == 1 else 0) + (last if stage == stages else 0)
+        for end in range(stage, count - (stages - stage) + 1):
+            options = []
+            for start in range(stage - 1, end):
+                if (stage - 1, start) in best:
+                    largest, split = best[(stage - 1, start)]
+                    options.append((max(largest, prefix[end] - prefix[start] + extra), [*split, end - start]))
+            best[(stage, end)] = min(options, key=lambda option: option[0])
+    return best[(stages, count)][1]
+
+
+def block_ranges(split: Sequence[int]) -> list[range]:
+    """The block indices of each stage, from blocks per stage."""
+    starts = [sum(split[:stage]) for stage in range(len(split))]
+    return [range(start, start + size) for start, size in zip(starts, split, strict=True)]
+
+
+def stage_split(build: Callable[[], nn.Module], stages: int, explicit: Sequence[int]) -> list[int]:
+    """The recipe's split, or one balanced by parameter count (sizes read off a meta-device build)."""
+    if explicit:
+        return list(explicit)
+    with torch.device("meta"):
+        model: Any = build()
+    first_names, last_names = model.pipeline_ends()
+    sizes = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
+
+    def outside(names: Sequence[str]) -> int:
+        return sum(p.numel() for name in names if (m := getattr(model, name)) is not None for p in m.parameters())
+
+    return balanced_split(sizes, outside(first_names), outside(last_names), stages)
+
+
+def build_stages(
+    build: Callable[[], nn.Module], split: Sequence[int], indices: Sequence[int], on_meta: bool
+) -> list[nn.Module]:
+    """The stages `indices` of the model: its whole structure with the other stages' parts removed.
+
+    On the meta device (meta_init) nothing else is allocated; otherwise each stage is cut from an ordinary
+    build drawn from the same random state, so its weights are those the whole model would have.
+    """
+    ranges = block_ranges(split)
+    state = torch.get_rng_state()
+    stages = []
+    for index in indices:
+        torch.set_rng_state(state)
+        with torch.device("meta") if on_meta else nullcontext():
+            model: Any = build()
+        first_names, last_names = model.pipeline_ends()
+        model.blocks = StageBlocks({i: model.blocks[i] for i in ranges[index]})
+        removed = ([] if index == 0 else first_names) + ([] if index == len(split) - 1 else last_names)
+        for name in removed:
+            setattr(model, name, None)
+        stages.append(model)
+    return stages
+
+
+class Schedule:
+    """The pipeline schedule of a rank's stages: one call runs forward and backward of every piece of a micro-batch."""
+
+    def __init__(
+        self,
+        stages: list[nn.Module],
+        indices: list[int],
+        num_stages: int,
+        mesh: DeviceMesh,
+        device: torch.device,
+        schedule: str,
+        microbatches: int,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> None:
+        from torch.distributed.pipelining import PipelineStage
+        from torch.distributed.pipelining.schedules import get_schedule_class
+
+        self.group = mesh.get_group("pipeline")
+        self.holds_first, self.holds_last = 0 in indices, num_stages - 1 in indices
+        self.microbatches = microbatches
+        self.loss = loss
+        self.scale = 1.0
+        self.adjust: Callable[[torch.Tensor], torch.Tensor] = lambda value: value
+        pipeline_stages = [
+            PipelineStage(stage, index, num_stages, device, group=self.group)
+            for stage, index in zip(stages, indices, strict=True)
+        ]
+        schedule_class = get_schedule_class(schedule)
+        # The loss below is already divided by the number of pieces: gradients are not scaled again.
+        self.schedule = schedule_class(
+            pipeline_stages[0] if schedule in SINGLE_STAGE_SCHEDULES else pipeline_stages,
+            n_microbatches=microbatches,
+            loss_fn=self.piece_loss,
+            scale_grads=False,
+        )
+
+    def piece_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss of one piece as backward sees it: its share of the step's mean."""
+        return self.adjust(self.loss(outputs, targets)) * self.scale
+
+    def forward_backward(
+        self, inputs: Any, targets: Any, accumulate: int, adjust: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """Run the schedule on one of a step's `accumulate` micro-batches; its mean loss on every rank of the
+        pipeline (detached)."""
+        self.scale, self.adjust = 1 / (accumulate * self.microbatches), adjust
+        losses: list[torch.Tensor] = []
+        self.schedule.step(
+            *((inputs,) if self.holds_first else ()),
+            target=targets if self.holds_last else None,
+            losses=losses,
+            return_outputs=False,
+        )
+        # The last stage computed the loss; the other stages learn it from the one sum below.
+        loss = torch.stack(losses).detach().sum() * accumulate if losses else torch.zeros((), device=targets.device)
+        dist.all_reduce(loss, group=self.group)
+        return loss

@@ -1,0 +1,67 @@
+"""The rules a recipe's pipeline options (strategy.fsdp2.pipeline_*) must follow; no torch.
+
+Which schedules hold how many stages per rank, what the micro-batch must divide, how a split must add up:
+checked before any process starts, each refusal one line naming the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.strategies.base import divisors
+
+# Stages per pipeline rank each schedule runs: exactly these, or at least the minimum (looped schedules).
+EXACT_STAGES_PER_RANK = {"GPipe": 1, "1F1B": 1}
+LOOPED_SCHEDULES = ("Interleaved1F1B",)
+
+
+def check_pipeline(strategy: Any) -> None:
+    """Refuse pipeline options this recipe cannot run (RecipeError naming the field)."""
+    recipe, options = strategy.recipe, strategy.options
+    size, tensor_parallel = options.pipeline_parallel_size, options.tensor_parallel_size
+    field = "strategy.fsdp2"
+    if size < 1:
+        raise RecipeError(f"{field}.pipeline_parallel_size={size} must be >= 1")
+    if recipe.world_size % (size * tensor_parallel):
+        raise RecipeError(
+            f"{field}.pipeline_parallel_size={size} x tensor_parallel_size={tensor_parallel} does not divide"
+            f" devices x num_nodes = {recipe.world_size} (choose a pipeline size from {divisors(recipe.world_size)})"
+        )
+    if strategy.hybrid:
+        raise RecipeError(f"{field}.pipeline_parallel_size={size} runs with strategy.name=fsdp2 only (not hsdp)")
+    schedule, per_rank = options.pipeline_schedule, options.pipeline_stages_per_rank
+    exact = EXACT_STAGES_PER_RANK.get(schedule)
+    if exact is not None and per_rank != exact:
+        raise RecipeError(
+            f"{field}.pipeline_stages_per_rank={per_rank}: pipeline_schedule={schedule} holds {exact} per rank"
+        )
+    if schedule in LOOPED_SCHEDULES and per_rank < 2:
+        raise RecipeError(
+            f"{field}.pipeline_stages_per_rank={per_rank}: pipeline_schedule={schedule} holds >= 2 per rank"
+            " (or choose 1F1B)"
+        )
+    microbatches, micro_batch_size = options.pipeline_microbatches, recipe.train.micro_batch_size
+    if microbatches < 1 or micro_batch_size % microbatches:
+        raise RecipeError(
+            f"{field}.pipeline_microbatches={microbatches} must divide train.micro_batch_size={micro_batch_size}"
+            f" (choose {divisors(micro_batch_size)})"
+        )
+    stages = size * per_rank
+    blocks = strategy.task.pipeline_blocks()
+    if blocks < stages:
+        raise RecipeError(
+            f"{field}: {stages} pipeline stages need at least {stages} blocks (the model has {blocks}); lower"
+            " pipeline_parallel_size or pipeline_stages_per_rank"
+        )
+    split = options.pipeline_split
+    if split and (len(split) != stages or sum(split) != blocks or min(split) < 1):
+        raise RecipeError(
+            f"{field}.pipeline_split={split} must give each of the {stages} stages >= 1 block, {blocks} in all"
+            " (or [] to balance by parameter count)"
+        )
+    if recipe.eval.every_steps:
+        raise RecipeError(
+            f"eval.every_steps={recipe.eval.every_steps}: validation does not run through a pipeline yet"
+            f" (set it 0 with {field}.pipeline_parallel_size={size})"
+        )

@@ -1,0 +1,138 @@
+"""Pipeline parallel (strategy.fsdp2.pipeline_*) as real multi-process runs on CPU (gloo).
+
+Same seed, same global batch of 8 sequences: ddp (2 processes x 4) and a 2-stage pipeline (1 data-parallel
+rank x 8, fed through in 4 pieces) are the same computation, so their losses agree to float rounding under
+every schedule. A stage keeps the whole model's parameter names, so its checkpoints resume without a
+pipeline and back; a NaN that only the last stage sees skips the update on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import (
+    assert_same_losses,
+    final_weights,
+    losses_by_run,
+    run_cli,
+    train_args,
+    train_each_layout_once,
+    train_losses,
+)
+
+pytestmark = pytest.mark.slow
+
+STEPS = 8
+PIPELINE = [
+    "--strategy.name", "fsdp2", "--strategy.fsdp2.pipeline_parallel_size", "2",
+    "--strategy.fsdp2.pipeline_microbatches", "4", "--train.micro_batch_size", "8",
+]  # fmt: skip
+FOUR_BLOCKS = ["--model.n_layer", "4"]  # interleaved: 2 stages on each of 2 ranks, one block each
+INTERLEAVED = [
+    "--strategy.fsdp2.pipeline_schedule", "Interleaved1F1B", "--strategy.fsdp2.pipeline_stages_per_rank", "2",
+]  # fmt: skip
+LLAMA = ["--model.arch", "llama", "--model.bias", "false", "--model.n_head", "4", "--model.n_kv_head", "2"]
+LLAMA += ["--model.intermediate_size", "96"]
+# name -> (overrides, nodes); every layout has a global batch of 8 sequences.
+LAYOUTS: dict[str, tuple[list[str], int]] = {
+    "ddp": (["--strategy.name", "ddp"], 1),
+    "pp_1f1b": (PIPELINE, 1),
+    "pp_gpipe": ([*PIPELINE, "--strategy.fsdp2.pipeline_schedule", "GPipe"], 1),
+    "ddp_4_blocks": (["--strategy.name", "ddp", *FOUR_BLOCKS], 1),
+    "pp_interleaved": ([*PIPELINE, *FOUR_BLOCKS, *INTERLEAVED], 1),
+    "ddp_llama": (["--strategy.name", "ddp", *LLAMA], 1),
+    "pp_llama": ([*PIPELINE, *LLAMA], 1),
+    # 4 processes: 2 stages x 2 data-parallel ranks (4 sequences each), or 2 stages x 2 tensor-parallel ranks.
+    "pp_fsdp2": (
+        [*PIPELINE, "--devices", "4", "--train.micro_batch_size", "4", "--strategy.fsdp2.pipeline_microbatches", "2"],
+        1,
+    ),
+    "pp_tp": ([*PIPELINE, "--devices", "4", "--strategy.fsdp2.tensor_parallel_size", "2"], 1),
+    "fsdp2": ([], 1),
+}
+SHARED = [
+    "--train.max_steps", str(STEPS), "--eval.every_steps", "0", "--checkpoint.save_every_steps", "4",
+    "--checkpoint.resume", "null",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """name -> out_dir of that layout's run; each layout trains once per test session."""
+    return train_each_layout_once(tmp_path_factory, LAYOUTS, SHARED)
+
+
+def test_two_stage_1f1b_pipeline_trains_as_ddp_and_a_nan_on_its_last_stage_skips_every_rank(tmp_path: Path) -> None:
+    """Both runs see a NaN loss at step 3 on their last rank (the pipeline's last stage): every rank skips that
+    update, so the later steps still match; the pipeline's checkpoint holds the whole model under its own names."""
+    runs = {}
+    for name in ("ddp", "pp_1f1b"):
+        out_dir = tmp_path / name
+        overrides, _ = LAYOUTS[name]
+        args = train_args(out_dir, *SHARED, *overrides, "--train.on_nonfinite_loss", "skip")
+        result = run_cli(*args, fault="nan-at-step:3")
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "skipped" in result.stdout
+        runs[name] = out_dir
+    expected, actual = train_losses(runs["ddp"]), train_losses(runs["pp_1f1b"])
+    assert math.isnan(expected.pop(3)) and math.isnan(actual.pop(3))
+    assert_same_losses(actual, expected, tolerance=1e-5)
+    pipeline, replicated = final_weights(runs["pp_1f1b"], STEPS), final_weights(runs["ddp"], STEPS)
+    assert pipeline.keys() == replicated.keys()  # blocks.1.* stays blocks.1.* on the second stage
+    for name, value in replicated.items():
+        torch.testing.assert_close(pipeline[name], value, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize(
+    ("pipeline", "reference"),
+    [
+        ("pp_1f1b", "ddp"),
+        ("pp_gpipe", "ddp"),
+        ("pp_interleaved", "ddp_4_blocks"),
+        ("pp_llama", "ddp_llama"),
+        ("pp_fsdp2", "ddp"),
+        ("pp_tp", "ddp"),
+    ],
+)
+def test_pipeline_schedules_and_meshes_give_the_losses_of_ddp(
+    trained: Callable[[str], Path], pipeline: str, reference: str
+) -> None:
+    assert_same_losses(train_losses(trained(pipeline)), train_losses(trained(reference)), tolerance=1e-5)
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize(("saved_by", "resumed_by"), [("pp_1f1b", "fsdp2"), ("fsdp2", "pp_1f1b")])
+def test_checkpoint_resumes_with_and_without_a_pipeline(
+    tmp_path: Path, trained: Callable[[str], Path], saved_by: str, resumed_by: str
+) -> None:
+    checkpoint = trained(saved_by) / "checkpoints" / "step-00000004"
+    overrides, _ = LAYOUTS[resumed_by]
+    result = run_cli(*train_args(tmp_path, *SHARED, *overrides, "--checkpoint.resume", str(checkpoint)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Resumed from {checkpoint} at step 4" in result.stdout
+    (resumed,) = losses_by_run(tmp_path)
+    expected = {step: loss for step, loss in train_losses(trained(saved_by)).items() if step > 4}
+    assert_same_losses(resumed, expected, tolerance=1e-4)
+
+
+@pytest.mark.matrix
+def test_killed_pipeline_run_resumes_bitwise(tmp_path: Path, trained: Callable[[str], Path]) -> None:
+    args = train_args(tmp_path, *SHARED, *LAYOUTS["pp_1f1b"][0], "--checkpoint.resume", "auto")
+    killed = run_cli(*args, fault="kill-at-step:6")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = run_cli(*args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "step-00000004 at step 4" in resumed.stdout
+    expected = train_losses(trained("pp_1f1b"))
+    before_kill, after_resume = losses_by_run(tmp_path)
+    assert before_kill == {step: expected[step] for step in range(1, 7)}  # floats compared exactly
+    assert after_resume == {step: expected[step] for step in range(5, STEPS + 1)}
+    weights, reference = final_weights(tmp_path, STEPS), final_weights(trained("pp_1f1b"), STEPS)
+    assert weights.keys() == reference.keys()
+    assert all(torch.equal(weights[name], reference[name]) for name in weights)
