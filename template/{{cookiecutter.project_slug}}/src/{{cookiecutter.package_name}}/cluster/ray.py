@@ -72,8 +72,8 @@ def connect(address: str | None) -> bool:
         check_reachable(address)
     try:
         ray.init(address=address, log_to_driver=True)
-    except (ConnectionError, RuntimeError, ValueError) as error:
-        raise RecipeError(f"Ray cluster {address or '(local)'}: {one_line(str(error))}") from None
+    except Exception as error:  # Ray's own words for an address it cannot use (ray:// without Ray Client, ...)
+        raise RecipeError(f"Ray cluster {address or '(local)'}: {one_line(str(error) or repr(error))}") from None
     return address is None
 
 
