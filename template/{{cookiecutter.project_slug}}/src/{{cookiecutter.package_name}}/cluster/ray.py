@@ -22,6 +22,7 @@ mean what they mean to `train`; stop signals are Ray's to handle (preemption.py 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -135,20 +136,21 @@ def train_with_ray(recipe: Recipe, address: str | None, max_failures: int) -> No
             f"{max_failures}; checkpoints: {checkpoint_root(recipe)}",
             flush=True,
         )
+        stop_file(recipe).unlink(missing_ok=True)  # an earlier run's
         try:
-            result = trainer.fit()
+            trainer.fit()
         except TrainingFailedError as error:
             raise TrainingStopped(f"ray: training failed: {worker_error(error)}", ExitCode.JOB_FAILED) from None
     finally:
         ray.shutdown()
-    reported = result.metrics or {}  # rank 0's last report
-    if reported.get("stopped"):
-        raise TrainingStopped(reported["stopped"], ExitCode(int(reported["exit_code"])))
+    if stop_file(recipe).is_file():
+        stopped = json.loads(stop_file(recipe).read_text())
+        raise TrainingStopped(stopped["message"], ExitCode(stopped["exit_code"]))
     print(f"ray: done: {find_latest(checkpoint_root(recipe))}", flush=True)
 
 
 def worker_error(error: Exception) -> str:
-    """The first line of the lowest rank's error of a failed run (Ray's own message otherwise)."""
+    """The lowest rank's error of a failed run in one line (the exception's own line under Ray's traceback)."""
     failures = getattr(error, "worker_failures", None) or {}
     for rank in sorted(failures):
         message = str(failures[rank]).strip()
@@ -160,8 +162,8 @@ def worker_error(error: Exception) -> str:
 def train_in_worker(config: dict[str, Any]) -> None:
     """What every Ray Train worker runs: `train` as the rank Ray gave it (Ray's thread, Ray's process group).
 
-    A planned stop every rank agreed on (a non-finite loss, another run's lock) is reported, not raised: Ray
-    would start the group again, to the same stop.
+    A planned stop every rank agreed on (a non-finite loss, another run's lock) returns instead of raising,
+    which Ray would answer by starting the group again, to the same stop: rank 0 writes it down for the driver.
     """
     import ray.train
 
@@ -173,9 +175,16 @@ def train_in_worker(config: dict[str, Any]) -> None:
     try:
         train(config["recipe"])
     except TrainingStopped as stopped:
-        if stopped.report:
+        if ray.train.get_context().get_world_rank() == 0:
             print(f"stopped: {stopped}", file=sys.stderr, flush=True)
-        ray.train.report({"stopped": str(stopped), "exit_code": int(stopped.exit_code)})
+            outcome = {"message": str(stopped), "exit_code": int(stopped.exit_code)}
+            stop_file(config["recipe"]).parent.mkdir(parents=True, exist_ok=True)
+            stop_file(config["recipe"]).write_text(json.dumps(outcome))
+
+
+def stop_file(recipe: Recipe) -> Path:
+    """Where rank 0 says why the run stopped early (Ray's result keeps only what comes with its own checkpoints)."""
+    return Path(recipe.out_dir).resolve() / "ray" / "stopped.json"
 
 
 def failure_counter(max_failures: int) -> Any:
