@@ -50,7 +50,7 @@ def require_ray() -> None:
 
 def check_reachable(address: str) -> None:
     """Refuse an address of host:port (or ray://host:port) where nothing answers."""
-    where = address.removeprefix("ray://")
+    where = address.split("://", 1)[-1]  # ray://host:port (Ray Client) or host:port (the head)
     host, _, port = where.rpartition(":")
     if address in ("auto", "local") or not port.isdigit():
         return  # Ray's own names: `ray start`'s cluster on this node, or a new one
