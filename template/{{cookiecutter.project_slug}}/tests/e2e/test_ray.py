@@ -68,10 +68,12 @@ def test_a_killed_worker_restarts_the_group_which_resumes_bitwise(
         command = [sys.executable, "-m", PACKAGE, "ray", str(RECIPES / "cpu-debug.yaml"), "--address", address]
         command += ["--max_failures", "1", *run_overrides(out_dir, *SHARED)]
         env = {**cli_env(), "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600"}  # this machine's cores are shared
-        with subprocess.Popen(command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, start_new_session=True) as driver:  # fmt: skip
+        log = tmp_path / "ray.log"  # a file, not a pipe: nothing reads the output until the worker is killed
+        with log.open("w") as output_file, subprocess.Popen(command, cwd=PROJECT, env=env, stdout=output_file,
+                                                            stderr=subprocess.STDOUT, start_new_session=True) as driver:  # fmt: skip
             killed = kill_rank_zero_after_checkpoint(out_dir, driver)
-            output, _ = driver.communicate(timeout=600)
+            driver.wait(timeout=600)
+    output = log.read_text()
     assert driver.returncode == 0, output[-5000:]
     assert f"ray: done: {out_dir / 'checkpoints' / f'step-{MAX_STEPS:08d}'}" in output
     # Ray's controller says the worker group failed once and starts it again: the restart count, in the log.
