@@ -1,7 +1,8 @@
 """The launchers a job starts under, and the rule that the recipe decides the layout.
 
 A job starts from Fabric itself (`<project> train`: `fabric.launch()` spawns `devices` processes),
-from `fabric run`, from torchrun (static or c10d rendezvous, elastic restarts) or from srun. The
+from `fabric run`, from torchrun (static or c10d rendezvous, elastic restarts), from srun or in Ray
+Train's workers (`<project> ray`: cluster/ray.py). The
 recipe is the one source of truth for the layout and strategy: a launcher that starts another
 number of processes, or whose `fabric run --devices/--num-nodes/--accelerator/--strategy/--precision`
 flag differs from the recipe, is refused with one line naming both values (exit code 2).
@@ -26,6 +27,7 @@ PACKAGE = "{{ cookiecutter.package_name }}"
 # `fabric run` exports its flags as LT_* variables for Fabric(...) to compare with its own arguments.
 FABRIC_RUN_FLAGS = ("devices", "num_nodes", "accelerator", "strategy", "precision")
 PRECISION_ALIASES = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "64": "64-true"}
+RAY_WORKER = "TRAIN_RAY_WORKER"  # set by cluster/ray.py in the Ray Train workers it trains in
 
 
 def torchrun_command(
@@ -55,6 +57,11 @@ def launched_by_fabric_run() -> bool:
     return os.environ.get("LT_CLI_USED") == "1"
 
 
+def launched_by_ray() -> bool:
+    """Whether this process is a Ray Train worker of `<project> ray` (Ray made the processes and the process group)."""
+    return os.environ.get(RAY_WORKER) == "1"
+
+
 def start_processes(fabric: Fabric) -> None:
     """Launch the processes the recipe asks for, unless a launcher already did."""
     if not launched_by_fabric_run():
@@ -66,7 +73,9 @@ def check_launcher(recipe: Recipe, accelerator: str) -> None:
     """Refuse a launcher whose layout or flags differ from the recipe's (`accelerator`: the resolved one)."""
     if launched_by_fabric_run():
         _check_fabric_run(recipe, accelerator)
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun, and `fabric run`, which calls it
+    if launched_by_ray():  # before SLURM's: a Ray cluster may run inside a SLURM allocation
+        _check_ray_placement(recipe)
+    elif "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun, and `fabric run`, which calls it
         _check_torchrun_restarts()
         world, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
         if (world, local) != (recipe.world_size, recipe.devices):
@@ -91,6 +100,18 @@ def slurm_detected() -> bool:
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
     return SLURMEnvironment.detect()
+
+
+def _check_ray_placement(recipe: Recipe) -> None:
+    """Ray places workers where it finds room: refuse a group that is not devices workers on each of num_nodes nodes
+    (Fabric's device of a worker is its LOCAL_RANK among `devices`)."""
+    world, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    if (world, local) != (recipe.world_size, recipe.devices):
+        raise RecipeError(
+            f"Ray placed {local} of the {world} workers on this node, but the recipe asks for devices="
+            f"{recipe.devices} on each of num_nodes={recipe.num_nodes}: give each node exactly devices GPUs"
+            " (or CPUs) free for this run, or change the recipe's layout"
+        )
 
 
 def _check_torchrun_restarts() -> None:

@@ -53,6 +53,8 @@ class Preemption:
         self.received = 0  # number of the first signal this rank caught
         self.deadline_seconds = deadline_seconds
         self._watchdog: threading.Timer | None = None
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals reach only the main thread: Ray Train trains in another one, and handles them itself
         for signum in SIGNALS:
             signal.signal(signum, self._catch)
 

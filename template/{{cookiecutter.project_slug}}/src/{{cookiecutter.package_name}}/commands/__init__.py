@@ -39,6 +39,7 @@ COMMANDS: dict[str, str] = {
     "slurm": "{{ cookiecutter.package_name }}.commands.slurm",
     "submit": "{{ cookiecutter.package_name }}.commands.submit",
     "k8s": "{{ cookiecutter.package_name }}.commands.k8s",
+    "ray": "{{ cookiecutter.package_name }}.commands.ray",
     "report": "{{ cookiecutter.package_name }}.commands.report",
     "data": "{{ cookiecutter.package_name }}.commands.data",
 }

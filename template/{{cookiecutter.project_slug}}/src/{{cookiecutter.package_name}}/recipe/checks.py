@@ -47,6 +47,7 @@ def _check_values(recipe: Recipe) -> None:
         "checkpoint.save_every_steps": (recipe.checkpoint.save_every_steps, 0),
         "checkpoint.save_every_minutes": (recipe.checkpoint.save_every_minutes, 0),
         "checkpoint.keep_last": (recipe.checkpoint.keep_last, 0),
+        "checkpoint.max_failures": (recipe.checkpoint.max_failures, -1),
         "logger.log_every_steps": (recipe.logger.log_every_steps, 1),
     }
     for name, (value, minimum) in at_least.items():

@@ -207,6 +207,9 @@ class CheckpointConfig:
             step in progress may take to end before the run stops without saving (requeued all the same:
             it resumes from the newest checkpoint). Keep it below the notice the scheduler gives
             (`--signal=USR1@120`) minus the time a save takes. A second signal stops at once.
+        max_failures: How many times a launcher that restarts a failed run starts it again (`ray`: Ray Train
+            ends the worker group when a worker dies and starts a new one); each restart resumes from the
+            newest complete checkpoint. 0 never restarts; -1 restarts without limit.
     """
 
     save_every_steps: int = 50
@@ -215,6 +218,7 @@ class CheckpointConfig:
     async_save: bool = False
     resume: str | None = None
     stop_deadline_seconds: float = 60.0
+    max_failures: int = 3
 
 
 @dataclass

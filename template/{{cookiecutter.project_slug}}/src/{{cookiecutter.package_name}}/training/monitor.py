@@ -110,7 +110,7 @@ def csv_logger(recipe: Recipe) -> CSVLogger:
 
 def logger_location(recipe: Recipe, loggers: list[Logger]) -> str:
     """Where the logs of this run are, in words, for the closing message."""
-    if not loggers:
+    if recipe.logger.name == "none":
         return "no experiment logger (logger.name=none)"
     if recipe.logger.name == "wandb":
         experiment = loggers[0].experiment  # type: ignore[attr-defined]  # a WandbLogger

@@ -21,7 +21,7 @@ from {{ cookiecutter.package_name }}.checkpoint.layout import check_free_space, 
 from {{ cookiecutter.package_name }}.checkpoint.load import load_checkpoint, verified_resume
 from {{ cookiecutter.package_name }}.checkpoint.lock import lock_out_dir, out_dir_in_use
 from {{ cookiecutter.package_name }}.checkpoint.tensors import trained_part
-from {{ cookiecutter.package_name }}.cluster.launchers import check_launcher, start_processes
+from {{ cookiecutter.package_name }}.cluster.launchers import check_launcher, launched_by_ray, start_processes
 from {{ cookiecutter.package_name }}.data.sampler import Batch, TrainBatches, validation_batches
 from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError, TrainingStopped
 from {{ cookiecutter.package_name }}.progress import working
@@ -98,6 +98,13 @@ def check_machine(recipe: Recipe) -> str:
 def build_fabric(recipe: Recipe, strategy: TrainingStrategy, loggers: list[Logger]) -> Fabric:
     """A Fabric object for the recipe on this machine (processes are launched by `start_processes`)."""
     accelerator = check_machine(recipe)
+    # Fabric finds the ranks (torchrun's, SLURM's, its own launch), except in a Ray Train worker: there they are
+    # taken as Ray gave them, and each logging step is reported to Ray too (cluster/ray_worker.py).
+    environment = None
+    if launched_by_ray():
+        from {{ cookiecutter.package_name }}.cluster.ray_worker import RayReport, RayTrainEnvironment
+
+        environment, loggers = RayTrainEnvironment(), [*loggers, RayReport()]
     return Fabric(
         accelerator=accelerator,
         devices=recipe.devices,
@@ -105,6 +112,7 @@ def build_fabric(recipe: Recipe, strategy: TrainingStrategy, loggers: list[Logge
         precision=recipe.precision,
         strategy=strategy.fabric_strategy(),
         loggers=loggers,
+        plugins=environment,
     )
 
 
