@@ -209,9 +209,9 @@ class LanguageModel(Task):
             f"lora.rank={recipe.lora.rank}": bool(recipe.lora.rank),
             f"eval.tasks={recipe.eval.tasks}": bool(recipe.eval.tasks),
         }
-        for field in (field for field, applies in unsupported.items() if applies):
+        if fields := [field for field, applies in unsupported.items() if applies]:
             raise RecipeError(
-                f"{field} does not run under pipeline parallel yet (set strategy.fsdp2.pipeline_parallel_size=1)"
+                f"{fields[0]} does not run under pipeline parallel yet (set strategy.fsdp2.pipeline_parallel_size=1)"
             )
         if self.recipe.model.arch == "llama" and self.recipe.model.tie_embeddings:
             raise RecipeError(
