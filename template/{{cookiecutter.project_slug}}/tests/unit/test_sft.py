@@ -120,10 +120,21 @@ RECORDS = [
     {"messages": [{"role": "user", "content": "Count to two."}, {"role": "assistant", "content": "One two."}]},
 ]  # fmt: skip
 REPLIES = [["Hi.", "Hi again."], ["Two."], ["Blue."], ["One two."]]
-{% raw %}CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-){% endraw %}
+
+
+def jinja(text: str) -> str:
+    """Jinja's delimiters from <% %> and << >>: the project's files hold no template syntax (they come from one)."""
+    opening, closing = "{", "}"
+    pairs = {"<%": opening + "%", "%>": "%" + closing, "<<": opening * 2, ">>": closing * 2}
+    for spelled, delimiter in pairs.items():
+        text = text.replace(spelled, delimiter)
+    return text
+
+
+CHATML = jinja(
+    "<% for message in messages %><|im_start|><< message['role'] >>\n<< message['content'] >><|im_end|>\n<% endfor %>"
+    "<% if add_generation_prompt %><|im_start|>assistant\n<% endif %>"
+)
 
 
 @pytest.fixture(scope="module")
