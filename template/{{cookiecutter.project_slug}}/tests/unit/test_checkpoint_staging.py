@@ -1,7 +1,11 @@
-"""The host copy an async save stages into: reused across saves, never aliasing the live tensors, values fresh."""
+"""Async saves: the host copy they stage into (reused, never aliasing the live tensors, values fresh), and
+the per-step poll, which never waits in a collective another rank may not be in."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.checkpoint.io import HostCopy
@@ -66,3 +70,35 @@ def test_a_reshaped_tensor_is_staged_afresh() -> None:
     staged = stager.stage(state)
     assert torch.equal(staged["model"]["weight"], state["model"]["weight"])
     assert torch.equal(staged["model"]["bias"], state["model"]["bias"])
+
+
+def test_poll_enters_no_collective_when_a_background_save_finished_on_this_rank_only(tmp_path, monkeypatch) -> None:
+    """A rank whose save finished first must not wait in a barrier while the others run the next step."""
+    from concurrent.futures import Future
+
+    from lightning.fabric import Fabric
+
+    from {{ cookiecutter.package_name }}.checkpoint.io import Checkpointer
+    from {{ cookiecutter.package_name }}.recipe.load import load_recipe
+
+    recipe = load_recipe(Path(__file__).parents[2] / "recipes" / "cpu-debug.yaml")
+    recipe.out_dir = str(tmp_path)
+    fabric = Fabric(accelerator="cpu", devices=1)
+    checkpointer = Checkpointer(fabric, recipe)
+    barriers: list[int] = []
+    monkeypatch.setattr(fabric, "barrier", lambda *args, **kwargs: barriers.append(1))
+    finished: Future[None] = Future()
+    finished.set_result(None)
+    checkpointer._pending = finished
+
+    checkpointer.poll()
+    assert barriers == []  # the finished save waits for the barrier every rank reaches together
+    checkpointer.wait()
+    assert barriers == [1]
+
+    failed: Future[None] = Future()
+    failed.set_exception(RuntimeError("a shard could not be written"))
+    checkpointer._pending = failed
+    with pytest.raises(RuntimeError, match="could not be written"):
+        checkpointer.poll()  # a failure is raised at once, before any barrier
+    assert barriers == [1]

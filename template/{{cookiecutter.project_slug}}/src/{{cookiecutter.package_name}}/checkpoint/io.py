@@ -115,8 +115,14 @@ class Checkpointer:
         return time.perf_counter() - start
 
     def poll(self) -> None:
-        """Raise the error of a background save that failed, without blocking (call every step)."""
-        if self._pending is not None and self._pending.done():
+        """Raise the error of a background save that failed, without blocking (call every step).
+
+        A save that finished is left for `wait` to make visible: that takes a barrier, and a rank's save
+        finishing is its own clock, so only the next save or the end of the run, which every rank reaches
+        at the same step, may enter it (one rank in the barrier and another in the step's collectives
+        would hang both).
+        """
+        if self._pending is not None and self._pending.done() and self._pending.exception() is not None:
             self.wait()
 
     def wait(self) -> None:
