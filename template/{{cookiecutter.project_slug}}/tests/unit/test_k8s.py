@@ -1,5 +1,6 @@
-"""`k8s`: the PyTorchJob and RayJob a recipe becomes (pods, GPUs, torchrun or `ray`, volume, secret), their pods
-valid against Kubernetes' published schema (tests/k8s_schemas/SOURCE.md), and what it refuses."""
+"""`k8s`: the PyTorchJob and RayJob a recipe becomes (pods, GPUs, torchrun or `ray`, volume, secret), the
+PyTorchJob valid as a whole against Kubeflow's published schema and every pod against Kubernetes'
+(tests/k8s_schemas/SOURCE.md), and what it refuses."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 
 RECIPE = str(RECIPES / "cpu-debug.yaml")
-SCHEMA = Path(__file__).parents[1] / "k8s_schemas" / "podtemplatespec-v1.37.0.json"
-POD_TEMPLATE = Draft202012Validator(json.loads(SCHEMA.read_text()))
+SCHEMAS = Path(__file__).parents[1] / "k8s_schemas"
+POD_TEMPLATE = Draft202012Validator(json.loads((SCHEMAS / "podtemplatespec-v1.37.0.json").read_text()))
+PYTORCHJOB = Draft202012Validator(json.loads((SCHEMAS / "pytorchjob-kubeflow-training-1.9.4.json").read_text()))
 FOUR_BY_EIGHT = ("--num_nodes", "4", "--devices", "8", "--accelerator", "cuda")
 
 
@@ -40,8 +42,12 @@ def pod_templates(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def schema_errors(job: dict[str, Any]) -> list[str]:
+    """What the schemas refuse: the whole PyTorchJob, and every pod of either kind."""
     pods = pod_templates(job).items()
-    return [f"{name}: {error.message}" for name, pod in pods for error in POD_TEMPLATE.iter_errors(pod)]
+    errors = [f"{name}: {error.message}" for name, pod in pods for error in POD_TEMPLATE.iter_errors(pod)]
+    if job["kind"] == "PyTorchJob":
+        errors += [f"{'.'.join(map(str, error.path))}: {error.message}" for error in PYTORCHJOB.iter_errors(job)]
+    return errors
 
 
 def test_four_nodes_of_eight_gpus_run_the_launchers_torchrun_command() -> None:
@@ -94,7 +100,7 @@ def test_rayjob_runs_ray_on_the_head_and_gives_each_node_pod_its_gpus() -> None:
 
 @pytest.mark.parametrize("kind", ["pytorchjob", "rayjob"])
 @pytest.mark.parametrize("layout", [("--accelerator", "cpu"), FOUR_BY_EIGHT], ids=["1-cpu-node", "4x8-gpus"])
-def test_every_pod_is_valid_against_the_kubernetes_schema(kind: str, layout: tuple[str, ...]) -> None:
+def test_the_job_and_its_pods_are_valid_against_the_published_schemas(kind: str, layout: tuple[str, ...]) -> None:
     assert schema_errors(job_manifest(kind, recipe(*layout), RECIPE, "img", "runs")) == []
 
 
@@ -110,6 +116,21 @@ def test_every_pod_is_valid_against_the_kubernetes_schema(kind: str, layout: tup
 def test_the_schema_refuses_a_broken_pod(break_pod: Any, message: str) -> None:
     job = copy.deepcopy(job_manifest("pytorchjob", recipe(), RECIPE, "img", "runs"))
     break_pod(pod_templates(job)["Master"]["spec"]["containers"][0])
+    assert any(message in error for error in schema_errors(job)), schema_errors(job)
+
+
+@pytest.mark.parametrize(
+    ("break_job", "message"),
+    [
+        (lambda spec: spec.pop("runPolicy"), "'runPolicy' is a required property"),
+        (lambda spec: spec["pytorchReplicaSpecs"]["Master"].update(replicas="1"), "'1' is not of type 'integer'"),
+        (lambda spec: spec["runPolicy"].update(backofLimit=3), "('backofLimit' was unexpected)"),
+    ],
+    ids=["missing-required", "wrong-type", "unknown-field"],
+)
+def test_the_schema_refuses_a_broken_pytorchjob(break_job: Any, message: str) -> None:
+    job = copy.deepcopy(job_manifest("pytorchjob", recipe(*FOUR_BY_EIGHT), RECIPE, "img", "runs"))
+    break_job(job["spec"])
     assert any(message in error for error in schema_errors(job)), schema_errors(job)
 
 
