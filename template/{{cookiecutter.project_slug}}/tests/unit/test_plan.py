@@ -68,6 +68,22 @@ def test_70b_on_8_nodes_of_8_x_80_gb_gets_a_sharded_strategy(capsys: pytest.Capt
     assert not fits["ddp"] and not fits["zero1"]
 
 
+def test_over_slow_links_between_nodes_a_pipeline_keeps_its_gathers_in_a_node_and_is_chosen(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """fsdp2_pp8 on 8 nodes: each stage's 8 ranks are one node, so only activations cross the slow links."""
+    args = ("--parameters", "70e9", "--gpu", "H100", "--num_nodes", "8", "--interconnect")
+    fast, slow = plan_json(capsys, *args, "infiniband"), plan_json(capsys, *args, "ethernet")
+    steps = {name: {o["strategy"]: o["step_time_lower_bound_s"] for o in plan["options"]}
+             for name, plan in [("ib", fast), ("eth", slow)]}  # fmt: skip
+    assert steps["eth"]["fsdp2"] / steps["ib"]["fsdp2"] == pytest.approx(400 / 12.5)  # its gathers cross the nodes
+    assert steps["eth"]["fsdp2_pp8"] == pytest.approx(steps["ib"]["fsdp2_pp8"])  # its gathers stay in a node
+    assert fast["recommended"]["strategy"] == "fsdp2"  # less than twice as quick: the cheapest stays
+    assert 2 * steps["ib"]["fsdp2_pp8"] > steps["ib"]["fsdp2"]
+    assert slow["recommended"]["strategy"] == "fsdp2_pp8"
+    assert "against 358.40 s for fsdp2, the cheapest that fits" in slow["recommended"]["reason"]
+
+
 def test_70b_on_one_node_of_8_x_24_gb_gets_offload(capsys: pytest.CaptureFixture[str]) -> None:
     plan = plan_json(capsys, "--parameters", "70e9", "--gpu", "RTX-4090")
     assert plan["recommended"]["strategy"] == "zero3_offload"

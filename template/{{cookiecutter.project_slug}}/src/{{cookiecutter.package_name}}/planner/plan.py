@@ -18,7 +18,9 @@ Communication per micro-batch step relative to ddp's gradient all-reduce (2 x pa
 and ZeRO 1-2, 1.5x for ZeRO-3 / FSDP2 (ZeRO paper, section 7), hsdp 1.5x inside a node plus 1/devices
 across nodes, tensor parallel four all-reduces of s*b*h per layer per micro-batch. The step time is a
 lower bound: max(FLOPs / peak, data-parallel bytes / bandwidth, host or NVMe traffic) + tensor-parallel
-all-reduces (they sit on the critical path), for one optimizer step of the recipe's global batch.
+all-reduces (they sit on the critical path), for one optimizer step of the recipe's global batch; a pipeline
+stage whose ranks fit in a node reduces over the node's links. The pick (`choose`): the first that fits in
+cost order, or a pipeline whose bound is at most half of that one's.
 """
 
 from __future__ import annotations
@@ -268,6 +270,10 @@ def communication(
         compute /= 1 - pipeline.bubble
     intra = inputs.gpu.intra_node_gb_s * GB
     across = min(intra, inputs.inter_node_gb_s * GB / inputs.devices) if inputs.num_nodes > 1 else intra
+    # The pipeline is the mesh's outer dimension: when one stage's data x tensor parallel ranks fit in a node,
+    # its gathers and reductions stay on the node's links and only the stages' activations cross nodes.
+    stage_in_a_node = pipeline is not None and inputs.devices % (inputs.world_size // option.pipeline_parallel) == 0
+    data_link = intra if stage_in_a_node else across
     gradient_bytes = 4 if sixteen_bit and option.fp32_gradient_reduce else collective_bytes
     data_bytes: float = collective_bytes
     if option.stage == 3:  # per micro-batch two all-gathers of the parameters and one reduce-scatter of gradients
@@ -275,7 +281,7 @@ def communication(
     if option.hybrid:  # the replicas all-reduce their gradient shard across nodes once per step
         network = data * data_bytes / intra + across_nodes * gradient_bytes / across
     else:
-        network = data * data_bytes / across if data_parallel > 1 else 0.0
+        network = data * data_bytes / data_link if data_parallel > 1 else 0.0
     host = 0.0
     micro_batches = inputs.grad_accum * group
     if option.offload == "cpu":  # parameters in twice per micro-batch (forward, backward), gradients out
@@ -301,16 +307,39 @@ def plan(inputs: Inputs) -> Plan:
         estimates = [estimate(candidate, inputs, micro_batch) for candidate in CANDIDATES]
     if not fitting:
         return Plan(inputs, first, reason=nothing_fits(first, inputs))
-    # Recomputing activations costs a third more compute: the cheapest without it, else the cheapest with it.
-    order = {candidate.name: index for index, candidate in enumerate(CANDIDATES)}
-    best = min(fitting, key=lambda e: (e.checkpointing, order[e.candidate.name]))
+    best, cheapest = choose(fitting)
     if micro_batch != inputs.micro_batch:
         first = [e if e.candidate != best.candidate else best for e in first]
-    return Plan(inputs, first, best, micro_batch, reason(best, inputs, micro_batch))
+    return Plan(inputs, first, best, micro_batch, reason(best, inputs, micro_batch, cheapest))
 
 
-def reason(best: Estimate, inputs: Inputs, micro_batch: int) -> str:
-    """One sentence: why this candidate (its family's `why`, filled in)."""
+PIPELINE_QUICKER = 2.0  # how much quicker a pipeline's step bound must be to pass over the cheapest that fits
+
+
+def choose(fitting: list[Estimate]) -> tuple[Estimate, Estimate]:
+    """(the recommendation, the cheapest that fits). Recomputing activations costs a third more compute: only
+    candidates without it if any fits so, the first in cost order. A pipeline that fits is taken instead when its
+    step-time bound is PIPELINE_QUICKER times the cheapest's or better: its stages keep their gathers inside a
+    node, so over slow links between nodes it can beat sharding across them. The bound ignores how well
+    communication overlaps and what a schedule costs beyond its bubble, hence a clear margin."""
+    order = {candidate.name: index for index, candidate in enumerate(CANDIDATES)}
+    tier = sorted((e for e in fitting if e.checkpointing == min(e.checkpointing for e in fitting)),
+                  key=lambda e: order[e.candidate.name])  # fmt: skip
+    cheapest = tier[0]
+    if cheapest.step_seconds is None or cheapest.pipeline is not None:
+        return cheapest, cheapest
+    pipelines = [
+        (e.step_seconds, order[e.candidate.name], e) for e in tier if e.pipeline and e.step_seconds is not None
+    ]
+    if pipelines:
+        seconds, _, quickest = min(pipelines, key=lambda bound: bound[:2])
+        if seconds * PIPELINE_QUICKER <= cheapest.step_seconds:
+            return quickest, cheapest
+    return cheapest, cheapest
+
+
+def reason(best: Estimate, inputs: Inputs, micro_batch: int, cheapest: Estimate | None = None) -> str:
+    """One sentence: why this candidate (its family's `why`, filled in, and what it is quicker than)."""
     option = best.candidate.option
     why = option.why.format(
         device=device_word(inputs),
@@ -326,9 +355,12 @@ def reason(best: Estimate, inputs: Inputs, micro_batch: int) -> str:
     batch = f"micro batch {micro_batch}" + (
         f" (halved from {inputs.micro_batch})" if micro_batch != inputs.micro_batch else ""
     )
+    fits = f"({size(best.total)} of {size(inputs.budget)} per {device_word(inputs)}, {how}, {batch})"
+    if cheapest is None or cheapest is best or best.step_seconds is None or cheapest.step_seconds is None:
+        return f"{option.name} is the cheapest that fits {fits}: {why}."
     return (
-        f"{option.name} is the cheapest that fits ({size(best.total)} of {size(inputs.budget)} per {device_word(inputs)},"
-        f" {how}, {batch}): {why}."
+        f"{option.name} fits {fits} and its step is bound at {best.step_seconds:.2f} s against"
+        f" {cheapest.step_seconds:.2f} s for {cheapest.candidate.name}, the cheapest that fits: {why}."
     )
 
 
