@@ -3,7 +3,7 @@
 Same seed, same global batch of 8 sequences: ddp (2 processes x 4) and a 2-stage pipeline (1 data-parallel
 rank x 8, fed through in 4 pieces) are the same computation, so their losses agree to float rounding under
 every schedule. A stage keeps the whole model's parameter names, so its checkpoints resume without a
-pipeline and back; a NaN that only the last stage sees skips the update on every rank.
+pipeline, under another pipeline degree (2 ranks of 2 stages <-> 4 ranks of 1), and back; a NaN that only the last stage sees skips the update on every rank.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ LAYOUTS: dict[str, tuple[list[str], int]] = {
         1,
     ),
     "pp_tp": ([*PIPELINE, "--devices", "4", "--strategy.fsdp2.tensor_parallel_size", "2"], 1),
+    "pp4": ([*PIPELINE, *FOUR_BLOCKS, "--devices", "4", "--strategy.fsdp2.pipeline_parallel_size", "4"], 1),
     "fsdp2": ([], 1),
 }
 SHARED = [
@@ -98,6 +99,7 @@ def test_two_stage_1f1b_pipeline_trains_as_ddp_and_a_nan_on_its_last_stage_skips
         ("pp_llama", "ddp_llama"),
         ("pp_fsdp2", "ddp"),
         ("pp_tp", "ddp"),
+        ("pp4", "ddp_4_blocks"),
     ],
 )
 def test_pipeline_schedules_and_meshes_give_the_losses_of_ddp(
@@ -107,7 +109,10 @@ def test_pipeline_schedules_and_meshes_give_the_losses_of_ddp(
 
 
 @pytest.mark.matrix
-@pytest.mark.parametrize(("saved_by", "resumed_by"), [("pp_1f1b", "fsdp2"), ("fsdp2", "pp_1f1b")])
+@pytest.mark.parametrize(
+    ("saved_by", "resumed_by"),
+    [("pp_1f1b", "fsdp2"), ("fsdp2", "pp_1f1b"), ("pp_interleaved", "pp4"), ("pp4", "pp_interleaved")],
+)
 def test_checkpoint_resumes_with_and_without_a_pipeline(
     tmp_path: Path, trained: Callable[[str], Path], saved_by: str, resumed_by: str
 ) -> None:
