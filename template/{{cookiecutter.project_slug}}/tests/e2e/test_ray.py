@@ -83,6 +83,8 @@ def test_a_killed_worker_restarts_the_group_which_resumes_bitwise(
     assert f"pid={killed})" in output  # the process killed was a worker of the group Ray started
 
     expected = losses_by_run(tmp_path / "reference")[0]
+    # Ray's own reporting got the steps and losses: its last report is the last step's.
+    assert f"ray: reported step {MAX_STEPS}, loss {expected[MAX_STEPS]:.6f} (rank 0)" in output, output[-3000:]
     before, after = losses_by_run(out_dir)  # the killed group's steps, then the restarted group's
     assert KILLED_AFTER in before and MAX_STEPS not in before
     assert_same_losses(before, {step: expected[step] for step in before}, tolerance=0.0)

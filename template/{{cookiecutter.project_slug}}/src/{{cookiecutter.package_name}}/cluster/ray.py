@@ -13,7 +13,8 @@ runs in the workers of Ray Train's TorchTrainer, on an existing Ray cluster or a
   `max_failures` times; the new group runs `train` with `checkpoint.resume: auto` and continues from
   the newest complete checkpoint, exactly, and appends to the same W&B run (its id is in the checkpoint).
 - Every rank reports the step and its metrics to Ray (`ray.train.report`, a barrier across the
-  workers) at each logging step: ray_worker.py's `RayReport`, one more Fabric logger.
+  workers) at each logging step: ray_worker.py's `RayReport`, one more Fabric logger. On Ray's controller,
+  callbacks say each restart and what Ray received for the last step.
 
 Ray runs the training function in a thread of the worker's process, from a folder of its own: the
 worker moves to the folder `ray` was started from (when the node has it), so relative recipe paths
@@ -128,7 +129,7 @@ def train_with_ray(recipe: Recipe, address: str | None, max_failures: int) -> No
                 name="train",
                 storage_path=str(Path(recipe.out_dir).resolve() / "ray"),
                 failure_config=FailureConfig(max_failures=max_failures),
-                callbacks=[failure_counter(max_failures)],
+                callbacks=[failure_counter(max_failures), last_report(recipe.train.max_steps)],
             ),
         )
         print(
@@ -210,3 +211,15 @@ def failure_counter(max_failures: int) -> Any:
                 print(f"ray: the worker group failed (rank {ranks}) after {max_failures} restart(s): no more")
 
     return CountFailures()
+
+
+def last_report(max_steps: int) -> Any:
+    """A Ray Train callback (on Ray's controller) that says in the log what Ray received for the last step."""
+    from ray.train import UserCallback
+
+    class LastReport(UserCallback):
+        def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+            if metrics and metrics[0].get("step") == max_steps:
+                print(f"ray: reported step {max_steps}, loss {metrics[0]['loss']:.6f} (rank 0)", flush=True)
+
+    return LastReport()
