@@ -1,6 +1,6 @@
 """`ray`: training in Ray Train's workers on a local Ray cluster of 2 CPUs. A worker killed with SIGKILL mid-run
 makes Ray end the worker group and start it again; the new group resumes from the newest checkpoint and ends
-with bitwise the weights of an uninterrupted `train` of the same recipe.
+with bitwise the weights of an uninterrupted `train` of the same recipe, in the same W&B run.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_a_killed_worker_restarts_the_group_which_resumes_bitwise(
     out_dir = tmp_path / "run"
     with local_cluster(monkeypatch) as address:
         command = [sys.executable, "-m", PACKAGE, "ray", str(RECIPES / "cpu-debug.yaml"), "--address", address]
-        command += ["--max_failures", "1", *run_overrides(out_dir, *SHARED)]
+        command += ["--max_failures", "1", *run_overrides(out_dir, *SHARED, "--logger.name", "wandb")]
         env = {**cli_env(), "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600"}  # this machine's cores are shared
         log = tmp_path / "ray.log"  # a file, not a pipe: nothing reads the output until the worker is killed
         with log.open("w") as output_file, subprocess.Popen(command, cwd=PROJECT, env=env, stdout=output_file,
@@ -90,6 +90,9 @@ def test_a_killed_worker_restarts_the_group_which_resumes_bitwise(
     assert_same_losses(before, {step: expected[step] for step in before}, tolerance=0.0)
     assert_same_losses(after, {step: expected[step] for step in range(KILLED_AFTER + 1, MAX_STEPS + 1)}, tolerance=0.0)
     assert_same_weights(final_weights(out_dir, MAX_STEPS), final_weights(tmp_path / "reference", MAX_STEPS))
+    # W&B (offline here) stays one run: the restarted group's rank 0 appends to the run the first one began.
+    runs = sorted((out_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and len({run.name.rsplit("-", 1)[1] for run in runs}) == 1, runs
 
 
 def kill_rank_zero_after_checkpoint(out_dir: Path, driver: subprocess.Popen) -> int:
