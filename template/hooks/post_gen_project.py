@@ -30,6 +30,7 @@ TASK_FILES = {
         *(f"tests/unit/test_{name}.py" for name in ("sizing", "observe", "plan", "strategy_recipes", "lora_adapters")),
         "tests/unit/test_lm_eval_interface.py",
         "tests/unit/test_pipeline_stages.py",
+        "tests/e2e/test_pipeline_lifecycle.py",
         *(f"tests/e2e/test_{name}.py" for name in ("llama", "prepared_training", "benchmarks", "bad_input")),
         *(f"tests/e2e/test_{name}.py" for name in ("checkpoint_cli", "mixed_precision", "plan_written", "resume")),
         *(f"tests/e2e/test_{name}.py" for name in ("strategies", "remote_corpus", "evaluate", "lora", "pipeline")),

@@ -33,8 +33,9 @@ class Fsdp2Options:
         pipeline_microbatches: Pieces each micro-batch is cut into and fed through the pipeline
             (divides train.micro_batch_size); more pieces, a smaller bubble.
         pipeline_schedule: GPipe, 1F1B or Interleaved1F1B (several stages per device). torch's
-            zero-bubble schedules split backward in two, and fully_shard reduces the gradients before
-            the second half: they are not offered.
+            zero-bubble schedules split backward in two, and the weight half finds only the weights
+            fully_shard still holds gathered: a block resharded after forward gets wrong gradients,
+            so they are not offered.
         pipeline_stages_per_rank: Stages each pipeline rank holds (1 for GPipe/1F1B, >= 2 interleaved).
         pipeline_split: Blocks per stage, in order (sums to the number of blocks); empty: balanced by
             parameter count.
