@@ -50,7 +50,6 @@ def test_a_stage_built_on_the_meta_device_holds_only_its_own_blocks() -> None:
         (["--strategy.fsdp2.pipeline_split", "[1,2]"], "pipeline_split=[1, 2] must give each of the 2 stages"),
         (["--strategy.fsdp2.pipeline_schedule", "Interleaved1F1B"], "pipeline_stages_per_rank=1"),
         (["--strategy.fsdp2.pipeline_parallel_size", "3"], "pipeline_parallel_size=3 x tensor_parallel_size=1"),
-        (["--eval.every_steps", "5"], "eval.every_steps=5"),
         (["--lora.rank", "4"], "lora.rank=4 does not run under pipeline parallel"),
     ],
 )

@@ -212,6 +212,11 @@ class TrainingStrategy:
         fabric.backward(loss / accumulate)
         return loss.detach()
 
+    def validation_step(self, fabric: Fabric, model: Any, batch: Any, metrics: dict[str, Any]) -> None:
+        """Update the task's validation metrics with one micro-batch (under torch.no_grad, the model in eval mode).
+        A pipeline runs the forward through its schedule and only its last stage updates them."""
+        self.task.validation_step(model, batch, metrics)
+
     def clip_and_step(self, fabric: Fabric, model: Any, optimizer: Any, max_norm: float) -> torch.Tensor | None:
         """Clip the global gradient norm to `max_norm` (0: no clipping), step; return the norm before clipping."""
         # error_if_nonfinite would read the norm on the host: a second sync per step. A non-finite

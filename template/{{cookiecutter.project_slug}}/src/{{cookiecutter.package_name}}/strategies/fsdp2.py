@@ -284,6 +284,13 @@ class FSDP2(TrainingStrategy):
         inputs, targets = self.task.pipeline_batch(batch)
         return self.schedule.forward_backward(inputs, targets, accumulate, adjust_loss)
 
+    def validation_step(self, fabric: Fabric, model: Any, batch: Any, metrics: dict[str, Any]) -> None:
+        if self.pipeline_parallel_size == 1:
+            return super().validation_step(fabric, model, batch, metrics)
+        inputs, targets = self.task.pipeline_batch(batch)
+        self.schedule.evaluate(inputs, targets, partial(self.task.pipeline_validation_step, metrics=metrics))
+        return None
+
 
 class HSDP(FSDP2):
     """FSDP2 on a (replicate, shard) mesh: sharded inside a node, replicated across nodes."""

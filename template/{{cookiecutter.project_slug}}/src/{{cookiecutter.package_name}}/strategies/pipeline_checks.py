@@ -60,8 +60,3 @@ def check_pipeline(strategy: Any) -> None:
             f"{field}.pipeline_split={split} must give each of the {stages} stages >= 1 block, {blocks} in all"
             " (or [] to balance by parameter count)"
         )
-    if recipe.eval.every_steps:
-        raise RecipeError(
-            f"eval.every_steps={recipe.eval.every_steps}: validation does not run through a pipeline yet"
-            f" (set it 0 with {field}.pipeline_parallel_size={size})"
-        )
