@@ -26,6 +26,7 @@ from helpers import (
     train_each_layout_once,
     train_losses,
 )
+from torch.distributed.checkpoint import FileSystemReader
 
 pytestmark = pytest.mark.slow
 
@@ -40,6 +41,7 @@ INTERLEAVED = [
 ]  # fmt: skip
 LLAMA = ["--model.arch", "llama", "--model.bias", "false", "--model.n_head", "4", "--model.n_kv_head", "2"]
 LLAMA += ["--model.intermediate_size", "96"]
+HSDP = ["--strategy.name", "hsdp", "--num_nodes", "4", "--devices", "1", "--train.micro_batch_size", "4"]
 # name -> (overrides, nodes); every layout has a global batch of 8 sequences.
 LAYOUTS: dict[str, tuple[list[str], int]] = {
     "ddp": (["--strategy.name", "ddp"], 1),
@@ -55,6 +57,8 @@ LAYOUTS: dict[str, tuple[list[str], int]] = {
         1,
     ),
     "pp_tp": ([*PIPELINE, "--devices", "4", "--strategy.fsdp2.tensor_parallel_size", "2"], 1),
+    # 4 nodes of 1 process: each stage spans 2 nodes and hsdp replicates it across them (4 sequences each).
+    "pp_hsdp": ([*PIPELINE, *HSDP, "--strategy.fsdp2.pipeline_microbatches", "2"], 4),
     "fsdp2": ([], 1),
 }
 SHARED = [
@@ -111,6 +115,7 @@ def test_two_stage_1f1b_pipeline_trains_and_validates_as_ddp_and_a_nan_on_its_la
         ("pp_llama", "ddp_llama"),
         ("pp_fsdp2", "ddp"),
         ("pp_tp", "ddp"),
+        ("pp_hsdp", "ddp"),
     ],
 )
 def test_pipeline_schedules_and_meshes_give_the_losses_of_ddp(
@@ -118,6 +123,20 @@ def test_pipeline_schedules_and_meshes_give_the_losses_of_ddp(
 ) -> None:
     assert_same_losses(train_losses(trained(pipeline)), train_losses(trained(reference)), tolerance=1e-5)
     assert_same_losses(validation_losses(trained(pipeline)), validation_losses(trained(reference)), tolerance=1e-5)
+
+
+@pytest.mark.matrix
+def test_hsdp_replicates_each_stage_across_the_nodes_it_spans(trained: Callable[[str], Path]) -> None:
+    """pp=2 x hsdp on 4 nodes of 1 process: a stage's 2 ranks hold whole copies (replicate 2 x shard 1), so each
+    tensor is saved in one piece; under pp=2 x fsdp2 the same 2 ranks hold, and save, half of it each."""
+
+    def pieces(name: str) -> set[int]:
+        state = trained(name) / "checkpoints" / f"step-{STEPS:08d}" / "state"
+        metadata = FileSystemReader(state).read_metadata().state_dict_metadata
+        return {len(entry.chunks) for key, entry in metadata.items() if key.startswith("model.")}  # type: ignore[union-attr]
+
+    assert pieces("pp_hsdp") == {1}
+    assert pieces("pp_fsdp2") == {2}
 
 
 @pytest.mark.matrix

@@ -51,6 +51,7 @@ def test_a_stage_built_on_the_meta_device_holds_only_its_own_blocks() -> None:
         (["--strategy.fsdp2.pipeline_schedule", "Interleaved1F1B"], "pipeline_stages_per_rank=1"),
         (["--strategy.fsdp2.pipeline_parallel_size", "3"], "pipeline_parallel_size=3 x tensor_parallel_size=1"),
         (["--lora.rank", "4"], "lora.rank=4 does not run under pipeline parallel"),
+        (["--strategy.name", "hsdp", "--num_nodes", "2", "--devices", "1"], "num_nodes=2 must be a multiple of 2 x"),
     ],
 )
 def test_pipeline_options_that_cannot_run_are_refused_in_one_line(
