@@ -50,6 +50,10 @@ LAYOUTS: dict[str, tuple[list[str], int]] = {
     "hsdp": (["--strategy.name", "hsdp", "--num_nodes", "2", "--train.micro_batch_size", "2"], 2),  # 2 nodes x 2 x 2
 }
 ZERO3 = ["--strategy.name", "deepspeed", "--strategy.deepspeed.stage", "3"]
+PIPELINE = [
+    "--strategy.fsdp2.pipeline_parallel_size", "2", "--strategy.fsdp2.pipeline_microbatches", "4",
+    "--train.micro_batch_size", "8",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -140,13 +144,15 @@ def test_init_from_under_fsdp2_gives_the_same_first_step_loss_on_one_and_two_pro
     assert abs(train_losses(tmp_path)[1] - first) <= 1e-5
 
 
-@pytest.mark.parametrize("layout", ["tp", "zero3"])
-def test_init_from_loads_the_same_weights_under_tensor_parallel_and_zero3(
+@pytest.mark.parametrize("layout", ["tp", "zero3", pytest.param("pp", marks=pytest.mark.matrix)])
+def test_init_from_loads_the_same_weights_under_tensor_parallel_zero3_and_a_pipeline(
     pretrained: tuple[list[str], float], tmp_path: Path, layout: str
 ) -> None:
     start, first = pretrained
     if layout == "tp":  # each rank gets its heads' rows of q, k, v and columns of o
         result = run_cli(*train_args(tmp_path, *start, *LAYOUTS["tp"][0]))
+    elif layout == "pp":  # each stage, built on the meta device, gets its own blocks (and embeddings or head)
+        result = run_cli(*train_args(tmp_path, *start, *PIPELINE, "--strategy.meta_init", "true"))
     else:  # copied in before DeepSpeed takes its fp32 copies, one gathered parameter at a time
         result = run_cli(*train_args(tmp_path, *start, *ZERO3), script=PROJECT / "tests" / "deepspeed_on_cpu.py")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -2,8 +2,10 @@
 
 Same seed, same global batch of 8 sequences: ddp (2 processes x 4) and a 2-stage pipeline (1 data-parallel
 rank x 8, fed through in 4 pieces) are the same computation, so their losses agree to float rounding under
-every schedule. A stage keeps the whole model's parameter names, so its checkpoints resume without a
-pipeline, under another pipeline degree (2 ranks of 2 stages <-> 4 ranks of 1), and back; a NaN that only the last stage sees skips the update on every rank.
+every schedule, and so do their validation losses (the same 16 held-out sequences, forward only through the
+schedule on the pipeline). A stage keeps the whole model's parameter names, so its checkpoints resume without a
+pipeline, under another pipeline degree (2 ranks of 2 stages <-> 4 ranks of 1), and back; a NaN that only the
+last stage sees skips the update on every rank.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from helpers import (
     assert_same_losses,
     final_weights,
     losses_by_run,
+    read_csv_metrics,
     run_cli,
     train_args,
     train_each_layout_once,
     train_losses,
 )
+from torch.distributed.checkpoint import FileSystemReader
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +42,7 @@ INTERLEAVED = [
 ]  # fmt: skip
 LLAMA = ["--model.arch", "llama", "--model.bias", "false", "--model.n_head", "4", "--model.n_kv_head", "2"]
 LLAMA += ["--model.intermediate_size", "96"]
+HSDP = ["--strategy.name", "hsdp", "--num_nodes", "4", "--devices", "1", "--train.micro_batch_size", "4"]
 # name -> (overrides, nodes); every layout has a global batch of 8 sequences.
 LAYOUTS: dict[str, tuple[list[str], int]] = {
     "ddp": (["--strategy.name", "ddp"], 1),
@@ -54,10 +59,12 @@ LAYOUTS: dict[str, tuple[list[str], int]] = {
     ),
     "pp_tp": ([*PIPELINE, "--devices", "4", "--strategy.fsdp2.tensor_parallel_size", "2"], 1),
     "pp4": ([*PIPELINE, *FOUR_BLOCKS, "--devices", "4", "--strategy.fsdp2.pipeline_parallel_size", "4"], 1),
+    # 4 nodes of 1 process: each stage spans 2 nodes and hsdp replicates it across them (4 sequences each).
+    "pp_hsdp": ([*PIPELINE, *HSDP, "--strategy.fsdp2.pipeline_microbatches", "2"], 4),
     "fsdp2": ([], 1),
 }
 SHARED = [
-    "--train.max_steps", str(STEPS), "--eval.every_steps", "0", "--checkpoint.save_every_steps", "4",
+    "--train.max_steps", str(STEPS), "--eval.every_steps", "4", "--checkpoint.save_every_steps", "4",
     "--checkpoint.resume", "null",
 ]  # fmt: skip
 
@@ -68,9 +75,17 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     return train_each_layout_once(tmp_path_factory, LAYOUTS, SHARED)
 
 
-def test_two_stage_1f1b_pipeline_trains_as_ddp_and_a_nan_on_its_last_stage_skips_every_rank(tmp_path: Path) -> None:
+def validation_losses(out_dir: Path) -> dict[int, float]:
+    """step -> logged validation loss."""
+    return {int(row["step"]): float(row["val/loss"]) for row in read_csv_metrics(out_dir) if row.get("val/loss")}
+
+
+def test_two_stage_1f1b_pipeline_trains_and_validates_as_ddp_and_a_nan_on_its_last_stage_skips_every_rank(
+    tmp_path: Path,
+) -> None:
     """Both runs see a NaN loss at step 3 on their last rank (the pipeline's last stage): every rank skips that
-    update, so the later steps still match; the pipeline's checkpoint holds the whole model under its own names."""
+    update, so the later steps and the validations at steps 4 and 8 still match; the pipeline's checkpoint holds
+    the whole model under its own names."""
     runs = {}
     for name in ("ddp", "pp_1f1b"):
         out_dir = tmp_path / name
@@ -83,6 +98,9 @@ def test_two_stage_1f1b_pipeline_trains_as_ddp_and_a_nan_on_its_last_stage_skips
     expected, actual = train_losses(runs["ddp"]), train_losses(runs["pp_1f1b"])
     assert math.isnan(expected.pop(3)) and math.isnan(actual.pop(3))
     assert_same_losses(actual, expected, tolerance=1e-5)
+    validated = validation_losses(runs["pp_1f1b"])
+    assert sorted(validated) == [4, 8]
+    assert_same_losses(validated, validation_losses(runs["ddp"]), tolerance=1e-5)
     pipeline, replicated = final_weights(runs["pp_1f1b"], STEPS), final_weights(runs["ddp"], STEPS)
     assert pipeline.keys() == replicated.keys()  # blocks.1.* stays blocks.1.* on the second stage
     for name, value in replicated.items():
@@ -100,12 +118,28 @@ def test_two_stage_1f1b_pipeline_trains_as_ddp_and_a_nan_on_its_last_stage_skips
         ("pp_fsdp2", "ddp"),
         ("pp_tp", "ddp"),
         ("pp4", "ddp_4_blocks"),
+        ("pp_hsdp", "ddp"),
     ],
 )
 def test_pipeline_schedules_and_meshes_give_the_losses_of_ddp(
     trained: Callable[[str], Path], pipeline: str, reference: str
 ) -> None:
     assert_same_losses(train_losses(trained(pipeline)), train_losses(trained(reference)), tolerance=1e-5)
+    assert_same_losses(validation_losses(trained(pipeline)), validation_losses(trained(reference)), tolerance=1e-5)
+
+
+@pytest.mark.matrix
+def test_hsdp_replicates_each_stage_across_the_nodes_it_spans(trained: Callable[[str], Path]) -> None:
+    """pp=2 x hsdp on 4 nodes of 1 process: a stage's 2 ranks hold whole copies (replicate 2 x shard 1), so each
+    tensor is saved in one piece; under pp=2 x fsdp2 the same 2 ranks hold, and save, half of it each."""
+
+    def pieces(name: str) -> set[int]:
+        state = trained(name) / "checkpoints" / f"step-{STEPS:08d}" / "state"
+        metadata = FileSystemReader(state).read_metadata().state_dict_metadata
+        return {len(entry.chunks) for key, entry in metadata.items() if key.startswith("model.")}  # type: ignore[union-attr]
+
+    assert pieces("pp_hsdp") == {1}
+    assert pieces("pp_fsdp2") == {2}
 
 
 @pytest.mark.matrix

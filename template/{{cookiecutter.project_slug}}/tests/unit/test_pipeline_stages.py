@@ -8,7 +8,9 @@ import pytest
 import torch
 from helpers import RECIPES, fail_with
 
-from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineRank, balanced_split, build_stages
+from {{ cookiecutter.package_name }}.recipe.load import load_recipe
+from {{ cookiecutter.package_name }}.strategies import strategy_for
+from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineRank, balanced_split, build_stages, stage_split
 from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
 from {{ cookiecutter.package_name }}.tasks.language_model.families import build_model
 
@@ -43,6 +45,28 @@ def test_a_stage_built_on_the_meta_device_holds_only_its_own_blocks() -> None:
     assert stage.blocks.indices() == [2, 3] and all(p.is_meta for p in stage.parameters())
 
 
+def test_mfu_under_a_pipeline_counts_every_stages_flops_once_per_token() -> None:
+    """The FLOPs per token MFU is computed from are the whole model's: the sum of what each stage's forward and
+    backward run (torch's FLOP counter, on the meta device), not one stage's; and each token is counted once per
+    data-parallel replica, not once per stage's rank."""
+    from lightning.fabric.utilities.throughput import measure_flops
+
+    recipe = load_recipe(RECIPES / "cpu-pp-debug.yaml")
+    strategy = strategy_for(recipe)
+    task, tokens = strategy.task, recipe.model.block_size
+    first, last = build_stages(task.build_model, stage_split(task.build_model, 2, []), [0, 1], on_meta=True)
+    with torch.device("meta"):
+        inputs = torch.zeros(1, tokens, dtype=torch.long)
+        hidden = torch.zeros(1, tokens, recipe.model.n_embd, requires_grad=True)  # the gradient goes back a stage
+    stage_flops = [
+        measure_flops(first, lambda: first(inputs), lambda output: output.sum()) / tokens,
+        measure_flops(last, lambda: last(hidden), lambda output: output.sum()) / tokens,
+    ]
+    assert min(stage_flops) > 0
+    assert task.flops_per_unit() == pytest.approx(sum(stage_flops), rel=1e-9)
+    assert strategy.data_parallel_size() == recipe.world_size // strategy.pipeline_parallel_size
+
+
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
@@ -50,8 +74,8 @@ def test_a_stage_built_on_the_meta_device_holds_only_its_own_blocks() -> None:
         (["--strategy.fsdp2.pipeline_split", "[1,2]"], "pipeline_split=[1, 2] must give each of the 2 stages"),
         (["--strategy.fsdp2.pipeline_schedule", "Interleaved1F1B"], "pipeline_stages_per_rank=1"),
         (["--strategy.fsdp2.pipeline_parallel_size", "3"], "pipeline_parallel_size=3 x tensor_parallel_size=1"),
-        (["--eval.every_steps", "5"], "eval.every_steps=5"),
         (["--lora.rank", "4"], "lora.rank=4 does not run under pipeline parallel"),
+        (["--strategy.name", "hsdp", "--num_nodes", "2", "--devices", "1"], "num_nodes=2 must be a multiple of 2 x"),
     ],
 )
 def test_pipeline_options_that_cannot_run_are_refused_in_one_line(

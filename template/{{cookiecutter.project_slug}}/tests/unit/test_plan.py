@@ -237,7 +237,8 @@ def test_write_turns_a_recommended_pipeline_into_a_recipe_that_loads(
     recipe = load_recipe(target)  # the recipe checks pass
     options = recipe.strategy.fsdp2
     assert (options.pipeline_parallel_size, options.pipeline_schedule, options.tensor_parallel_size) == (2, "1F1B", 1)
-    assert options.pipeline_microbatches == recipe.train.micro_batch_size == 8 and recipe.eval.every_steps == 0
+    assert options.pipeline_microbatches == recipe.train.micro_batch_size == 8
+    assert recipe.eval.every_steps == 2000  # the library recipe's validation, which runs through the pipeline
 
 
 def plan_for(name: str) -> Plan:

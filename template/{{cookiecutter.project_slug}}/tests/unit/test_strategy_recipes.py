@@ -118,16 +118,29 @@ def test_deepspeed_config_follows_precision_and_clipping() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "data_parallel", "tensor_parallel"),
-    [("fsdp2-node", 8, 1), ("hsdp-multinode", 32, 1), ("fsdp2-tp-multinode", 4, 8), ("cpu-tp-debug", 2, 2)],
+    ("name", "data_parallel", "tensor_parallel", "replicas"),
+    [
+        ("fsdp2-node", 8, 1, 1),
+        ("hsdp-multinode", 32, 1, 4),  # one replica per node
+        ("fsdp2-tp-multinode", 4, 8, 1),
+        ("cpu-tp-debug", 2, 2, 1),
+    ],
 )
 def test_model_parallel_recipes_build_the_device_mesh_sizes(
-    name: str, data_parallel: int, tensor_parallel: int
+    name: str, data_parallel: int, tensor_parallel: int, replicas: int
 ) -> None:
     strategy = build_strategy(recipe(name))
     assert isinstance(strategy, ModelParallelStrategy)
     assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (data_parallel, tensor_parallel)
-    assert strategy._parallelize_fn.keywords["num_nodes"] == recipe(name).num_nodes
+    assert strategy._parallelize_fn.keywords["replicas"] == replicas
+
+
+def test_hsdp_under_a_pipeline_replicates_each_stage_across_the_nodes_it_spans() -> None:
+    # 4 nodes of 1 process, 2 stages: each stage spans 2 nodes, one replica on each.
+    config = recipe("cpu-pp-debug", "--strategy.name", "hsdp", "--num_nodes", "4", "--devices", "1")
+    strategy = build_strategy(config)
+    assert (strategy._data_parallel_size, strategy.pipeline_parallel_size) == (2, 2)
+    assert strategy._parallelize_fn.keywords["replicas"] == 2
 
 
 def test_ddp_recipe_builds_ddp() -> None:

@@ -53,10 +53,9 @@ def written_recipe(base: dict[str, Any], model: dict[str, Any], result: Plan) ->
     recipe.setdefault("train", {}).update(
         micro_batch_size=result.micro_batch, grad_accum_steps=max(1, sequences // result.micro_batch)
     )
-    if best.pipeline is not None:  # one sample a piece; validation does not run through a pipeline
+    if best.pipeline is not None:  # one sample a piece
         strategy = recipe["strategy"]
         strategy[strategy["name"]]["pipeline_microbatches"] = result.micro_batch  # the family's options section
-        recipe.setdefault("eval", {})["every_steps"] = 0
     return recipe
 
 

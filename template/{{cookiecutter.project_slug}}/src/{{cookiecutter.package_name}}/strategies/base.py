@@ -160,8 +160,8 @@ class TrainingStrategy:
         """Copy the task's pretrained weights (model.init_from) into the set-up (sharded or replicated) model.
 
         Rank 0 reads the weights into host memory and torch.distributed.checkpoint broadcasts them,
-        each rank keeping its own shards (FSDP2, tensor parallel) or the whole (ddp). Under adapters the
-        weights are the frozen base's: the adapters, which train, keep their own init.
+        each rank keeping its own shards (FSDP2, tensor parallel), its stages (pipeline parallel) or the whole
+        (ddp). Under adapters the weights are the frozen base's: the adapters, which train, keep their own init.
         """
         import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -176,13 +176,20 @@ class TrainingStrategy:
             weights = {
                 name: value.to(current[name].dtype if name in current else value.dtype) for name, value in tensors
             }
-            if frozen and (missing := sorted(frozen - weights.keys())):
-                raise RuntimeError(f"the pretrained weights have no {missing[0]}, a frozen parameter of the model")
-        strict = not frozen  # all of the model, or its frozen part (checked above)
+        # Every rank checks its own part of the model (all of it, or its frozen part) against the names rank 0 read:
+        # under pipeline parallel a rank holds only its stages, and the weights broadcast to it name the others' too.
+        names: list[Any] = [sorted(weights)]
+        if dist.is_initialized():
+            dist.broadcast_object_list(names, src=0)
+        if missing := sorted((frozen or current.keys()) - set(names[0])):
+            raise RuntimeError(
+                f"the pretrained weights have no {missing[0]}, a {'frozen ' if frozen else ''}tensor of the model"
+            )
         if not dist.is_initialized():
-            module.load_state_dict(weights, strict=strict)
+            module.load_state_dict(weights, strict=not frozen)
             return
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
+        # Not strict: what is missing was refused above; what this rank does not hold (other stages) is left out.
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
         set_model_state_dict(module, weights, options=options)
 
     def setup(self, fabric: Fabric, model: nn.Module, make_optimizer: MakeOptimizer) -> tuple[Any, Any, Any]:
@@ -211,6 +218,11 @@ class TrainingStrategy:
         loss = adjust_loss(self.task.loss(model, batch))
         fabric.backward(loss / accumulate)
         return loss.detach()
+
+    def validation_step(self, fabric: Fabric, model: Any, batch: Any, metrics: dict[str, Any]) -> None:
+        """Update the task's validation metrics with one micro-batch (under torch.no_grad, the model in eval mode).
+        A pipeline runs the forward through its schedule and only its last stage updates them."""
+        self.task.validation_step(model, batch, metrics)
 
     def clip_and_step(self, fabric: Fabric, model: Any, optimizer: Any, max_norm: float) -> torch.Tensor | None:
         """Clip the global gradient norm to `max_norm` (0: no clipping), step; return the norm before clipping."""

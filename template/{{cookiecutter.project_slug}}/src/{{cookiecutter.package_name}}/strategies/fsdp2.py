@@ -207,16 +207,10 @@ class FSDP2(TrainingStrategy):
     def fabric_strategy(self) -> Strategy:
         from {{ cookiecutter.package_name }}.strategies.fully_shard import ModelParallel, parallelize, parallelize_pipeline
 
-        if self.pipeline_parallel_size > 1:
-            parallelize_fn = partial(parallelize_pipeline, config=self.config, precision=self.recipe.precision)
-        else:
-            parallelize_fn = partial(
-                parallelize,
-                config=self.config,
-                precision=self.recipe.precision,
-                num_nodes=self.recipe.num_nodes,
-                hybrid=self.hybrid,
-            )
+        # hsdp: one replica group per node, or under pipeline parallel per node of the nodes each stage spans.
+        replicas = self.recipe.num_nodes // self.pipeline_parallel_size if self.hybrid else 1
+        shard = parallelize_pipeline if self.pipeline_parallel_size > 1 else parallelize
+        parallelize_fn = partial(shard, config=self.config, precision=self.recipe.precision, replicas=replicas)
         return ModelParallel(
             parallelize_fn=parallelize_fn,
             data_parallel_size=self.data_parallel_size(),
@@ -283,6 +277,13 @@ class FSDP2(TrainingStrategy):
             return super().forward_backward(fabric, model, batch, accumulate, adjust_loss)
         inputs, targets = self.task.pipeline_batch(batch)
         return self.schedule.forward_backward(inputs, targets, accumulate, adjust_loss)
+
+    def validation_step(self, fabric: Fabric, model: Any, batch: Any, metrics: dict[str, Any]) -> None:
+        if self.pipeline_parallel_size == 1:
+            return super().validation_step(fabric, model, batch, metrics)
+        inputs, targets = self.task.pipeline_batch(batch)
+        self.schedule.evaluate(inputs, targets, partial(self.task.pipeline_validation_step, metrics=metrics))
+        return None
 
 
 class HSDP(FSDP2):

@@ -102,17 +102,22 @@ class ModelParallel(ModelParallelStrategy):
         return clip_grad_norm(self.precision.main_params(optimizer), max_norm, norm_type, error_if_nonfinite, pipeline)
 
 
-def sharding_meshes(device_mesh: DeviceMesh, hybrid_nodes: int) -> tuple[DeviceMesh, DeviceMesh]:
-    """The (data-parallel, tensor-parallel) meshes: 1-D data parallel, or 2-D (replicate, shard) for hsdp."""
-    if hybrid_nodes == 1:
+def sharding_meshes(device_mesh: DeviceMesh, replicas: int) -> tuple[DeviceMesh, DeviceMesh]:
+    """The (data-parallel, tensor-parallel) meshes: 1-D data parallel, or 2-D (replicate, shard) for hsdp with
+    `replicas` replica groups (one per node, or under pipeline parallel one per node of the nodes a stage spans)."""
+    if replicas == 1:
         return device_mesh["data_parallel"], device_mesh["tensor_parallel"]
-    data_parallel, tensor_parallel = device_mesh["data_parallel"].size(), device_mesh["tensor_parallel"].size()
-    # Same rank order as Fabric's (data_parallel, tensor_parallel) mesh, with data_parallel split in two.
-    mesh = init_device_mesh(
-        device_mesh.device_type,
-        (hybrid_nodes, data_parallel // hybrid_nodes, tensor_parallel),
-        mesh_dim_names=("replicate", "shard", "tensor_parallel"),
-    )
+    # Same rank order as Fabric's (data_parallel, tensor_parallel) mesh, or ours with the pipeline outermost, with
+    # data_parallel split in two.
+    pipeline = {"pipeline": device_mesh["pipeline"].size()} if "pipeline" in (device_mesh.mesh_dim_names or ()) else {}
+    data_parallel = device_mesh["data_parallel"].size()
+    dims = {
+        **pipeline,
+        "replicate": replicas,
+        "shard": data_parallel // replicas,
+        "tensor_parallel": device_mesh["tensor_parallel"].size(),
+    }
+    mesh = init_device_mesh(device_mesh.device_type, tuple(dims.values()), mesh_dim_names=tuple(dims))
     return mesh["replicate", "shard"], mesh["tensor_parallel"]
 
 
@@ -121,16 +126,22 @@ def parallelize(
     device_mesh: DeviceMesh,
     config: StrategyConfig,
     precision: str = "32-true",
-    num_nodes: int = 1,
-    hybrid: bool = False,
+    replicas: int = 1,
 ) -> Any:
     """Tensor parallel inside a node, then checkpointing/compile, then fully_shard per block and the root.
 
-    With `hybrid` (hsdp) a 2-D data-parallel mesh of one replica group per node makes fully_shard
+    With `replicas` > 1 (hsdp) a 2-D data-parallel mesh of one replica group per node makes fully_shard
     shard inside a node and replicate across nodes. Under bf16-mixed each block is gathered in bf16
     and computes in bf16 (`mixed_precision_policy`).
     """
-    data_mesh, tensor_mesh = sharding_meshes(device_mesh, num_nodes if hybrid else 1)
+    data_mesh, tensor_mesh = sharding_meshes(device_mesh, replicas)
+    return shard_model(model, data_mesh, tensor_mesh, device_mesh.device_type, config, precision)
+
+
+def shard_model(
+    model: Any, data_mesh: DeviceMesh, tensor_mesh: DeviceMesh, device_type: str, config: StrategyConfig, precision: str
+) -> Any:
+    """`parallelize` on the meshes it chose: tensor parallel, checkpointing/compile, fully_shard, materialize."""
     if config.fsdp2 is not None and config.fsdp2.float8:
         convert_to_float8(model)
     if tensor_mesh.size() > 1:
@@ -146,7 +157,7 @@ def parallelize(
     # one all-gather per step (as torchtitan does).
     fully_shard(model, mesh=data_mesh, reshard_after_forward=False, offload_policy=policy, mp_policy=mixed)
     if config.meta_init:
-        materialize(model, "cpu" if offload else device_mesh.device_type)  # offloaded shards live in host memory
+        materialize(model, "cpu" if offload else device_type)  # offloaded shards live in host memory
     return model
 
 
@@ -212,10 +223,13 @@ def parallelize_pipeline(
     device_mesh: DeviceMesh,
     config: StrategyConfig,
     precision: str = "32-true",
+    replicas: int = 1,
 ) -> PipelineRank:
     """Each stage a rank holds parallelized as a model of its own (tensor parallel, checkpointing, fully_shard over
-    the stage's data-parallel ranks), then gathered again under the rank's module."""
+    the stage's data-parallel ranks, replicated `replicas` times under hsdp), then gathered again under the rank's
+    module."""
+    data_mesh, tensor_mesh = sharding_meshes(device_mesh, replicas)
     for stage in model.stages:
-        parallelize(stage, device_mesh, config, precision)
+        shard_model(stage, data_mesh, tensor_mesh, device_mesh.device_type, config, precision)
     model.gather()
     return model

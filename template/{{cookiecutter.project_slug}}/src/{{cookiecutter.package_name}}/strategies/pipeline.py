@@ -176,6 +176,7 @@ class Schedule:
         self.loss = loss
         self.scale = 1.0
         self.adjust: Callable[[torch.Tensor], torch.Tensor] = lambda value: value
+        self.measure: Callable[[torch.Tensor, torch.Tensor], None] | None = None  # set while validating
         pipeline_stages = [
             PipelineStage(stage, index, num_stages, device, group=self.group)
             for stage, index in zip(stages, indices, strict=True)
@@ -190,7 +191,11 @@ class Schedule:
         )
 
     def piece_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The loss of one piece as backward sees it: its share of the step's mean."""
+        """The loss of one piece as backward sees it: its share of the step's mean. While validating, the
+        piece's outputs go to the validation metrics instead (no backward reads the zero returned)."""
+        if self.measure is not None:
+            self.measure(outputs, targets)
+            return outputs.new_zeros(())
         return self.adjust(self.loss(outputs, targets)) * self.scale
 
     def forward_backward(
@@ -210,3 +215,16 @@ class Schedule:
         loss = torch.stack(losses).detach().sum() * accumulate if losses else torch.zeros((), device=targets.device)
         dist.all_reduce(loss, group=self.group)
         return loss
+
+    def evaluate(self, inputs: Any, targets: Any, measure: Callable[[torch.Tensor, torch.Tensor], None]) -> None:
+        """Forward only, one micro-batch: the last stage hands each piece's outputs and targets to `measure`
+        (the validation metrics); the other stages only pass activations on."""
+        self.measure = measure
+        try:
+            self.schedule.eval(
+                *((inputs,) if self.holds_first else ()),
+                target=targets if self.holds_last else None,
+                return_outputs=False,
+            )
+        finally:
+            self.measure = None

@@ -28,8 +28,12 @@ def check_pipeline(strategy: Any) -> None:
             f"{field}.pipeline_parallel_size={size} x tensor_parallel_size={tensor_parallel} does not divide"
             f" devices x num_nodes = {recipe.world_size} (choose a pipeline size from {divisors(recipe.world_size)})"
         )
-    if strategy.hybrid:
-        raise RecipeError(f"{field}.pipeline_parallel_size={size} runs with strategy.name=fsdp2 only (not hsdp)")
+    nodes = recipe.num_nodes
+    if strategy.hybrid and (nodes % size or nodes // size < 2):
+        raise RecipeError(
+            f"strategy.name=hsdp replicates each of the {size} pipeline stages across the nodes it spans: num_nodes={nodes}"
+            f" must be a multiple of 2 x {field}.pipeline_parallel_size={size} (or choose fsdp2)"
+        )
     schedule, per_rank = options.pipeline_schedule, options.pipeline_stages_per_rank
     exact = EXACT_STAGES_PER_RANK.get(schedule)
     if exact is not None and per_rank != exact:
@@ -59,9 +63,4 @@ def check_pipeline(strategy: Any) -> None:
         raise RecipeError(
             f"{field}.pipeline_split={split} must give each of the {stages} stages >= 1 block, {blocks} in all"
             " (or [] to balance by parameter count)"
-        )
-    if recipe.eval.every_steps:
-        raise RecipeError(
-            f"eval.every_steps={recipe.eval.every_steps}: validation does not run through a pipeline yet"
-            f" (set it 0 with {field}.pipeline_parallel_size={size})"
         )

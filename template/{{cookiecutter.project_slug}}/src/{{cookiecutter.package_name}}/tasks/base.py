@@ -264,6 +264,13 @@ class Task:
         """Update the validation metrics with one micro-batch (called under torch.no_grad, model in eval mode)."""
         raise NotImplementedError
 
+    def pipeline_validation_step(
+        self, outputs: torch.Tensor, targets: torch.Tensor, metrics: dict[str, Metric]
+    ) -> None:
+        """`validation_step` from the model's outputs of a piece of a micro-batch and its targets (`pipeline_batch`'s):
+        what the last pipeline stage does; the other ranks add nothing to the metrics' sums."""
+        raise NotImplementedError
+
     def validation_results(self, computed: dict[str, float]) -> dict[str, float]:
         """The figures logged after a validation pass, from the computed metrics (add derived ones here)."""
         return computed

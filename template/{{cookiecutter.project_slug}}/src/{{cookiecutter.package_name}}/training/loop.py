@@ -4,8 +4,8 @@ Run it through the CLI (`<project> train --config recipes/cpu-debug.yaml`) or as
 launcher (`fabric run ... src/<package>/train.py --config mine.yaml`, `torchrun ...`, `srun ...`).
 `run.setup` builds what the loop trains. The loop does not know what that is: it asks the task
 (tasks/) for the loss of a micro-batch and the validation metrics, and the strategy (strategies/) at
-the places where strategies differ: forward_backward (a pipeline runs its own schedule), no_backward_sync,
-clip_and_step and discard_gradients.
+the places where strategies differ: forward_backward and validation_step (a pipeline runs its own schedule),
+no_backward_sync, clip_and_step and discard_gradients.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+import warnings
 from functools import partial
 
 import torch
@@ -26,6 +27,7 @@ from {{ cookiecutter.package_name }}.data.sampler import Batch
 from {{ cookiecutter.package_name }}.errors import RecipeError, TrainingStopped, refuse_dashed_options, run_command
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from {{ cookiecutter.package_name }}.strategies import TrainingStrategy
 from {{ cookiecutter.package_name }}.tasks import Task
 from {{ cookiecutter.package_name }}.training.faults import fault_point, poison_loss
 from {{ cookiecutter.package_name }}.training.monitor import (
@@ -105,7 +107,7 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
         every_eval = recipe.eval.every_steps
         if every_eval and (step % every_eval == 0 or step == max_steps):
             started = time.perf_counter()
-            results = validate(fabric, task, model, run.val_batches)
+            results = validate(fabric, task, strategy, model, run.val_batches)
             monitor.log_validation(step, results, seconds=time.perf_counter() - started)
         if run.benchmarks is not None and run.benchmarks.due(step, max_steps):  # eval.tasks: every rank runs them
             started = time.perf_counter()
@@ -151,14 +153,20 @@ def train_to_the_end(recipe: Recipe, preemption: Preemption) -> None:
 
 
 @torch.no_grad()
-def validate(fabric: Fabric, task: Task, model: torch.nn.Module, batches: list[Batch]) -> dict[str, float]:
+def validate(
+    fabric: Fabric, task: Task, strategy: TrainingStrategy, model: torch.nn.Module, batches: list[Batch]
+) -> dict[str, float]:
     """The task's validation metrics over all ranks' batches (val/loss, and what else the task measures)."""
     model.eval()
     metrics = {name: metric.to(fabric.device) for name, metric in task.validation_metrics().items()}
     for batch in batches:
-        task.validation_step(model, fabric.to_device(batch), metrics)
+        strategy.validation_step(fabric, model, fabric.to_device(batch), metrics)
     model.train()
-    return task.validation_results({name: float(metric.compute()) for name, metric in metrics.items()})  # all ranks
+    with warnings.catch_warnings():
+        # Under pipeline parallel only the last stage's ranks update the metrics; the others' zero sums are summed in.
+        warnings.filterwarnings("ignore", message=r"The ``compute`` method of metric", category=UserWarning)
+        computed = {name: float(metric.compute()) for name, metric in metrics.items()}  # reduced over all ranks
+    return task.validation_results(computed)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -238,6 +238,11 @@ class LanguageModel(Task):
         # The mean over every counted token: each batch's mean weighted by its counted targets.
         metrics["loss"].update(self.loss(model, batch), weight=counted_targets(batch[1]))
 
+    def pipeline_validation_step(
+        self, outputs: torch.Tensor, targets: torch.Tensor, metrics: dict[str, Metric]
+    ) -> None:
+        metrics["loss"].update(self.output_loss(outputs, targets), weight=counted_targets(targets))
+
     def validation_results(self, computed: dict[str, float]) -> dict[str, float]:
         import math
 
