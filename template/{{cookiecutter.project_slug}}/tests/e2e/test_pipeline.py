@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import (
+    PIPELINE,
     assert_same_losses,
     final_weights,
     losses_by_run,
@@ -32,14 +33,14 @@ from torch.distributed.checkpoint import FileSystemReader
 pytestmark = pytest.mark.slow
 
 STEPS = 8
-PIPELINE = [
-    "--strategy.name", "fsdp2", "--strategy.fsdp2.pipeline_parallel_size", "2",
-    "--strategy.fsdp2.pipeline_microbatches", "4", "--train.micro_batch_size", "8",
-]  # fmt: skip
 FOUR_BLOCKS = ["--model.n_layer", "4"]  # interleaved: 2 stages on each of 2 ranks, one block each
 INTERLEAVED = [
     "--strategy.fsdp2.pipeline_schedule", "Interleaved1F1B", "--strategy.fsdp2.pipeline_stages_per_rank", "2",
 ]  # fmt: skip
+# Zero-bubble: backward split into its input and weight halves; ZB-V holds stages 0 and 3 on rank 0, 1 and 2 on rank 1.
+ZERO_BUBBLE = ["--strategy.fsdp2.pipeline_schedule", "InterleavedZeroBubble"]
+ZBV = ["--strategy.fsdp2.pipeline_schedule", "ZBVZeroBubble", "--strategy.fsdp2.pipeline_stages_per_rank", "2"]
+FOUR_PROCESSES = ["--devices", "4", "--train.micro_batch_size", "4", "--strategy.fsdp2.pipeline_microbatches", "2"]
 LLAMA = ["--model.arch", "llama", "--model.bias", "false", "--model.n_head", "4", "--model.n_kv_head", "2"]
 LLAMA += ["--model.intermediate_size", "96"]
 HSDP = ["--strategy.name", "hsdp", "--num_nodes", "4", "--devices", "1", "--train.micro_batch_size", "4"]
@@ -50,13 +51,14 @@ LAYOUTS: dict[str, tuple[list[str], int]] = {
     "pp_gpipe": ([*PIPELINE, "--strategy.fsdp2.pipeline_schedule", "GPipe"], 1),
     "ddp_4_blocks": (["--strategy.name", "ddp", *FOUR_BLOCKS], 1),
     "pp_interleaved": ([*PIPELINE, *FOUR_BLOCKS, *INTERLEAVED], 1),
+    "pp_zero_bubble": ([*PIPELINE, *ZERO_BUBBLE], 1),
+    "pp_zbv": ([*PIPELINE, *FOUR_BLOCKS, *ZBV], 1),
+    # ZB-V over 2 data-parallel ranks a stage: its blocks stay gathered from forward to the weight half of backward.
+    "pp_zbv_fsdp2": ([*PIPELINE, *FOUR_BLOCKS, *ZBV, *FOUR_PROCESSES], 1),
     "ddp_llama": (["--strategy.name", "ddp", *LLAMA], 1),
     "pp_llama": ([*PIPELINE, *LLAMA], 1),
     # 4 processes: 2 stages x 2 data-parallel ranks (4 sequences each), or 2 stages x 2 tensor-parallel ranks.
-    "pp_fsdp2": (
-        [*PIPELINE, "--devices", "4", "--train.micro_batch_size", "4", "--strategy.fsdp2.pipeline_microbatches", "2"],
-        1,
-    ),
+    "pp_fsdp2": ([*PIPELINE, *FOUR_PROCESSES], 1),
     "pp_tp": ([*PIPELINE, "--devices", "4", "--strategy.fsdp2.tensor_parallel_size", "2"], 1),
     "pp4": ([*PIPELINE, *FOUR_BLOCKS, "--devices", "4", "--strategy.fsdp2.pipeline_parallel_size", "4"], 1),
     # 4 nodes of 1 process: each stage spans 2 nodes and hsdp replicates it across them (4 sequences each).
@@ -80,28 +82,35 @@ def validation_losses(out_dir: Path) -> dict[int, float]:
     return {int(row["step"]): float(row["val/loss"]) for row in read_csv_metrics(out_dir) if row.get("val/loss")}
 
 
-def test_two_stage_1f1b_pipeline_trains_and_validates_as_ddp_and_a_nan_on_its_last_stage_skips_every_rank(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("name", "reference", "last_stage"),
+    [
+        pytest.param("pp_1f1b", "ddp", "1", marks=pytest.mark.matrix),
+        ("pp_zbv", "ddp_4_blocks", "0"),  # in a V the last stage shares rank 0 with the first
+    ],
+)
+def test_pipeline_trains_and_validates_as_ddp_and_a_nan_on_its_last_stage_skips_every_rank(
+    tmp_path: Path, name: str, reference: str, last_stage: str
 ) -> None:
-    """Both runs see a NaN loss at step 3 on their last rank (the pipeline's last stage): every rank skips that
-    update, so the later steps and the validations at steps 4 and 8 still match; the pipeline's checkpoint holds
-    the whole model under its own names."""
+    """Both runs see a NaN loss at step 3 on the rank of the pipeline's last stage (rank 1 under 1F1B, rank 0 under
+    ZB-V): every rank skips that update, so the later steps and the validations at steps 4 and 8 still match; the
+    pipeline's checkpoint holds the whole model under its own names."""
     runs = {}
-    for name in ("ddp", "pp_1f1b"):
-        out_dir = tmp_path / name
-        overrides, _ = LAYOUTS[name]
+    for run in (reference, name):
+        out_dir = tmp_path / run
+        overrides, _ = LAYOUTS[run]
         args = train_args(out_dir, *SHARED, *overrides, "--train.on_nonfinite_loss", "skip")
-        result = run_cli(*args, fault="nan-at-step:3")
+        result = run_cli(*args, fault=f"nan-at-step:3:{last_stage}")
         assert result.returncode == 0, result.stderr[-3000:]
         assert "skipped" in result.stdout
-        runs[name] = out_dir
-    expected, actual = train_losses(runs["ddp"]), train_losses(runs["pp_1f1b"])
+        runs[run] = out_dir
+    expected, actual = train_losses(runs[reference]), train_losses(runs[name])
     assert math.isnan(expected.pop(3)) and math.isnan(actual.pop(3))
     assert_same_losses(actual, expected, tolerance=1e-5)
-    validated = validation_losses(runs["pp_1f1b"])
+    validated = validation_losses(runs[name])
     assert sorted(validated) == [4, 8]
-    assert_same_losses(validated, validation_losses(runs["ddp"]), tolerance=1e-5)
-    pipeline, replicated = final_weights(runs["pp_1f1b"], STEPS), final_weights(runs["ddp"], STEPS)
+    assert_same_losses(validated, validation_losses(runs[reference]), tolerance=1e-5)
+    pipeline, replicated = final_weights(runs[name], STEPS), final_weights(runs[reference], STEPS)
     assert pipeline.keys() == replicated.keys()  # blocks.1.* stays blocks.1.* on the second stage
     for name, value in replicated.items():
         torch.testing.assert_close(pipeline[name], value, atol=1e-5, rtol=1e-4)
@@ -114,6 +123,9 @@ def test_two_stage_1f1b_pipeline_trains_and_validates_as_ddp_and_a_nan_on_its_la
         ("pp_1f1b", "ddp"),
         ("pp_gpipe", "ddp"),
         ("pp_interleaved", "ddp_4_blocks"),
+        ("pp_zero_bubble", "ddp"),
+        ("pp_zbv", "ddp_4_blocks"),
+        ("pp_zbv_fsdp2", "ddp_4_blocks"),
         ("pp_llama", "ddp_llama"),
         ("pp_fsdp2", "ddp"),
         ("pp_tp", "ddp"),
@@ -145,7 +157,13 @@ def test_hsdp_replicates_each_stage_across_the_nodes_it_spans(trained: Callable[
 @pytest.mark.matrix
 @pytest.mark.parametrize(
     ("saved_by", "resumed_by"),
-    [("pp_1f1b", "fsdp2"), ("fsdp2", "pp_1f1b"), ("pp_interleaved", "pp4"), ("pp4", "pp_interleaved")],
+    [
+        ("pp_1f1b", "fsdp2"),
+        ("fsdp2", "pp_1f1b"),
+        ("pp_interleaved", "pp4"),
+        ("pp4", "pp_interleaved"),
+        ("pp_zbv", "pp_interleaved"),  # rank 0 held stages 0 and 3 (V), resumes holding 0 and 2 (loop)
+    ],
 )
 def test_checkpoint_resumes_with_and_without_a_pipeline(
     tmp_path: Path, trained: Callable[[str], Path], saved_by: str, resumed_by: str

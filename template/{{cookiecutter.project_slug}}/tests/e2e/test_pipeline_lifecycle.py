@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_same_weights, final_weights, losses_by_run, run_cli, train_args
+from helpers import PIPELINE, assert_same_weights, final_weights, losses_by_run, run_cli, train_args
 
 from {{ cookiecutter.package_name }}.checkpoint.layout import find_latest
 from {{ cookiecutter.package_name }}.errors import ExitCode
@@ -25,10 +25,6 @@ from {{ cookiecutter.package_name }}.errors import ExitCode
 pytestmark = pytest.mark.slow
 
 MAX_STEPS = 8
-PIPELINE = [
-    "--strategy.name", "fsdp2", "--strategy.fsdp2.pipeline_parallel_size", "2",
-    "--strategy.fsdp2.pipeline_microbatches", "4", "--train.micro_batch_size", "8",
-]  # fmt: skip
 # Saves after steps 3 and 6 and at the end; a preempted life saves the step it stopped at besides.
 SHARED = [
     "--train.max_steps", str(MAX_STEPS), "--eval.every_steps", "0", "--checkpoint.save_every_steps", "3",

@@ -67,12 +67,21 @@ def test_mfu_under_a_pipeline_counts_every_stages_flops_once_per_token() -> None
     assert strategy.data_parallel_size() == recipe.world_size // strategy.pipeline_parallel_size
 
 
+ZERO_BUBBLE_IN_5_PIECES = [
+    "--strategy.fsdp2.pipeline_schedule", "InterleavedZeroBubble", "--train.micro_batch_size", "10",
+    "--strategy.fsdp2.pipeline_microbatches", "5",
+]  # fmt: skip
+IN_2_ROUNDS = "in 2 rounds of pipeline_parallel_size=2, which must divide them (choose from [1, 2, 10])"
+
+
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
         (["--strategy.fsdp2.pipeline_microbatches", "3"], "pipeline_microbatches=3 must divide"),
         (["--strategy.fsdp2.pipeline_split", "[1,2]"], "pipeline_split=[1, 2] must give each of the 2 stages"),
         (["--strategy.fsdp2.pipeline_schedule", "Interleaved1F1B"], "pipeline_stages_per_rank=1"),
+        (["--strategy.fsdp2.pipeline_schedule", "ZBVZeroBubble"], "pipeline_schedule=ZBVZeroBubble holds 2 per rank"),
+        (ZERO_BUBBLE_IN_5_PIECES, IN_2_ROUNDS),
         (["--strategy.fsdp2.pipeline_parallel_size", "3"], "pipeline_parallel_size=3 x tensor_parallel_size=1"),
         (["--lora.rank", "4"], "lora.rank=4 does not run under pipeline parallel"),
         (["--strategy.name", "hsdp", "--num_nodes", "2", "--devices", "1"], "num_nodes=2 must be a multiple of 2 x"),

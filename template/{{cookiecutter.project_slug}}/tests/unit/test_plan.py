@@ -32,14 +32,20 @@ STRATEGIES = [
     "fsdp2",
     "zero3",
     "fsdp2_pp2",
+    "fsdp2_pp2_zbv",
     "fsdp2_pp4",
+    "fsdp2_pp4_zbv",
     "fsdp2_pp8",
+    "fsdp2_pp8_zbv",
     "fsdp2_tp2",
     "fsdp2_tp4",
     "fsdp2_tp8",
     "fsdp2_pp2_tp8",
+    "fsdp2_pp2_tp8_zbv",
     "fsdp2_pp4_tp8",
+    "fsdp2_pp4_tp8_zbv",
     "fsdp2_pp8_tp8",
+    "fsdp2_pp8_tp8_zbv",
     "zero3_offload",
     "zero3_nvme",
 ]
@@ -71,7 +77,9 @@ def test_70b_on_8_nodes_of_8_x_80_gb_gets_a_sharded_strategy(capsys: pytest.Capt
 def test_over_slow_links_between_nodes_a_pipeline_keeps_its_gathers_in_a_node_and_is_chosen(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """fsdp2_pp8 on 8 nodes: each stage's 8 ranks are one node, so only activations cross the slow links."""
+    """fsdp2_pp8 on 8 nodes: each stage's 8 ranks are one node, so only activations cross the slow links. A stage
+    holds its 10 blocks gathered and their fp32 gradients until the step's last piece: without activation
+    checkpointing that fits only split over 8 GPUs (fsdp2_pp8_tp8), which is chosen."""
     args = ("--parameters", "70e9", "--gpu", "H100", "--num_nodes", "8", "--interconnect")
     fast, slow = plan_json(capsys, *args, "infiniband"), plan_json(capsys, *args, "ethernet")
     steps = {name: {o["strategy"]: o["step_time_lower_bound_s"] for o in plan["options"]}
@@ -80,8 +88,10 @@ def test_over_slow_links_between_nodes_a_pipeline_keeps_its_gathers_in_a_node_an
     assert steps["eth"]["fsdp2_pp8"] == pytest.approx(steps["ib"]["fsdp2_pp8"])  # its gathers stay in a node
     assert fast["recommended"]["strategy"] == "fsdp2"  # less than twice as quick: the cheapest stays
     assert 2 * steps["ib"]["fsdp2_pp8"] > steps["ib"]["fsdp2"]
-    assert slow["recommended"]["strategy"] == "fsdp2_pp8"
-    assert "against 358.40 s for fsdp2, the cheapest that fits" in slow["recommended"]["reason"]
+    options = {option["strategy"]: option for option in slow["options"]}
+    assert options["fsdp2_pp8"]["activation_checkpointing"] and not options["fsdp2_pp8_tp8"]["activation_checkpointing"]
+    assert slow["recommended"]["strategy"] == "fsdp2_pp8_tp8"
+    assert "bound at 7.53 s against 358.40 s for fsdp2, the cheapest that fits" in slow["recommended"]["reason"]
 
 
 def test_70b_on_one_node_of_8_x_24_gb_gets_offload(capsys: pytest.CaptureFixture[str]) -> None:
@@ -125,15 +135,36 @@ def test_the_70b_recipes_pipeline_candidate_matches_a_hand_computation(capsys: p
         "blocks_per_rank": 20,
         "p2p_elements_per_micro_batch": 2 * 8192 * 8 * width,  # forward activations and backward gradients, s b h
     }
+    # Until the step's last piece the stage holds its 20 blocks gathered (bf16) and their gradients (fp32).
+    assert option["runtime_extra_terms"] == {
+        "the stage's blocks, gathered until the step's last backward": 2 * 20 * block,
+        "their unsharded gradients, summed over the pieces": 4 * 20 * block,
+        "root (embeddings, head) gathered for the step": 2 * outside / 2,
+    }
+    zbv = next(option for option in plan["options"] if option["strategy"] == "fsdp2_pp4_tp8_zbv")
+    assert zbv["pipeline"] == {
+        "stages": 8,  # two per rank, in a V
+        "schedule": "ZBVZeroBubble",
+        "bubble_fraction": 0,  # 8 pieces >= 2p - 1 fill the V
+        "pieces_held_by_first_stage": 4,
+        "blocks_per_rank": 20,
+        "p2p_elements_per_micro_batch": 2 * 2 * 8192 * 8 * width,  # both stages send
+    }
     bubbles = {o["strategy"]: o["pipeline"]["bubble_fraction"] for o in plan["options"] if o["pipeline"]}
-    assert bubbles["fsdp2_pp2"] == 1 / 9 and bubbles["fsdp2_pp8"] == 7 / 15
+    assert bubbles["fsdp2_pp2"] == 1 / 9 and bubbles["fsdp2_pp8"] == 7 / 15 and bubbles["fsdp2_pp8_zbv"] == 7 / 15
 
 
 def test_bubble_and_held_pieces_of_each_schedule() -> None:
     assert bubble_fraction("GPipe", 4, 8) == bubble_fraction("1F1B", 4, 8) == 3 / 11
     assert bubble_fraction("Interleaved1F1B", 4, 8, stages_per_rank=2) == 3 / 22  # interleaving divides it by v
+    # The weight halves of backward fill two thirds of 1F1B's bubble: 3 idle units of 1 in 8 pieces x 3 + 3.
+    assert bubble_fraction("InterleavedZeroBubble", 4, 8) == 3 / 27
+    assert bubble_fraction("InterleavedZeroBubble", 4, 8, stages_per_rank=2) == 3 / 54
+    # ZB-V idles only while fewer than 2p - 1 = 7 pieces fill its V.
+    assert bubble_fraction("ZBVZeroBubble", 4, 8) == 0 and bubble_fraction("ZBVZeroBubble", 4, 4) == 3 / 7
     assert pieces_held("GPipe", 4, 8) == 8 and pieces_held("1F1B", 4, 8) == 4
     assert pieces_held("Interleaved1F1B", 4, 8, stages_per_rank=2) == 4 * (1 + 3 / 8)
+    assert pieces_held("ZBVZeroBubble", 4, 8, stages_per_rank=2) == pieces_held("InterleavedZeroBubble", 4, 8) == 4
 
 
 def test_the_json_lists_every_candidate_with_the_documented_fields(capsys: pytest.CaptureFixture[str]) -> None:
@@ -233,10 +264,11 @@ def test_write_turns_a_recommended_pipeline_into_a_recipe_that_loads(
     """The 70B recipe's activations fit only in a pipeline's stages: the written recipe runs one, one sample a piece."""
     target = tmp_path / "mine.yaml"
     main(["plan", str(RECIPES / "llama-70b-pp-fsdp2-tp-multinode.yaml"), "--gpu", "H100", "--write", str(target)])
-    assert "recommended: fsdp2_pp2" in capsys.readouterr().out
+    assert "recommended: fsdp2_pp2_tp8_zbv" in capsys.readouterr().out  # the layout's quicker schedule: no bubble
     recipe = load_recipe(target)  # the recipe checks pass
     options = recipe.strategy.fsdp2
-    assert (options.pipeline_parallel_size, options.pipeline_schedule, options.tensor_parallel_size) == (2, "1F1B", 1)
+    layout = options.pipeline_parallel_size, options.pipeline_schedule, options.pipeline_stages_per_rank
+    assert (*layout, options.tensor_parallel_size) == (2, "ZBVZeroBubble", 2, 8)
     assert options.pipeline_microbatches == recipe.train.micro_batch_size == 8
     assert recipe.eval.every_steps == 2000  # the library recipe's validation, which runs through the pipeline
 

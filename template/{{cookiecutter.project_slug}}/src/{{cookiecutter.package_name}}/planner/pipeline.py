@@ -1,10 +1,16 @@
 """What a pipeline costs, as `plan` weighs it: its bubble, the activations its schedule holds, what crosses
 between stages. Torch-free formulas; plan.py applies them to the pipeline candidates.
 
-With p stages, m pieces per micro-batch and v stages per rank (interleaved):
-    bubble       (p - 1) / (m + p - 1) of a step idles under GPipe and 1F1B; interleaving divides it by v
-    pieces held  on the first stage, whose pieces wait longest for their backward: GPipe all m, 1F1B min(m, p),
-                 interleaved 1F1B min(m, p) x (1 + (p - 1) / (p v)) (Narayanan et al. 2021, section 2.2)
+With p stages, m pieces per micro-batch and v stages per rank (interleaved), and a piece's forward, the input half
+and the weight half of its backward taking equal time (their matmul FLOPs are equal; Qi et al. 2024, section 3):
+    bubble       (p - 1) / (m + p - 1) of a step idles under GPipe and 1F1B; the zero-bubble ZB-H1 (torch's
+                 InterleavedZeroBubble) runs the weight halves in the bubble, leaving a third of it:
+                 (p - 1) / (3m + p - 1); interleaving divides either by v; ZB-V (ZBVZeroBubble, two stages per
+                 rank) leaves none once its V is full, and torch plans it for at least 2p - 1 pieces: with fewer,
+                 (2p - 1 - m) / (2p - 1) of it idles
+    pieces held  on the first stage, whose pieces wait longest for their backward: GPipe all m, 1F1B, ZB-H1 and ZB-V
+                 min(m, p), the interleaved schedules min(m, p) x (1 + (p - 1) / (p v)) (Narayanan et al. 2021,
+                 section 2.2)
     p2p          per micro-batch a middle rank sends each of its stages' outputs forward and their input
                  gradients back: 2 v s b h elements
 """
@@ -30,9 +36,13 @@ class PipelineTerms:
 
 
 def bubble_fraction(schedule: str, size: int, pieces: int, stages_per_rank: int = 1) -> float:
-    """The idle share of a step: (p - 1) / (m + p - 1), divided by v for the interleaved schedule."""
-    fraction = (size - 1) / (pieces + size - 1)
-    return fraction / stages_per_rank if schedule == "Interleaved1F1B" else fraction
+    """The idle share of a step (module docstring: forward, input and weight gradients taking equal time)."""
+    if schedule == "ZBVZeroBubble":
+        filled = 2 * size - 1
+        return max(0, filled - pieces) / filled
+    weight_halves_in_the_bubble = schedule == "InterleavedZeroBubble"
+    fraction = (size - 1) / ((3 if weight_halves_in_the_bubble else 1) * pieces + size - 1)
+    return fraction / stages_per_rank if schedule in ("Interleaved1F1B", "InterleavedZeroBubble") else fraction
 
 
 def pieces_held(schedule: str, size: int, pieces: int, stages_per_rank: int = 1) -> float:
@@ -40,7 +50,7 @@ def pieces_held(schedule: str, size: int, pieces: int, stages_per_rank: int = 1)
     if schedule == "GPipe":
         return float(pieces)
     held = float(min(pieces, size))
-    if schedule == "Interleaved1F1B":
+    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and stages_per_rank > 1:
         held *= 1 + (size - 1) / (size * stages_per_rank)
     return held
 

@@ -318,16 +318,19 @@ PIPELINE_QUICKER = 2.0  # how much quicker a pipeline's step bound must be to pa
 
 def choose(fitting: list[Estimate]) -> tuple[Estimate, Estimate]:
     """(the recommendation, the cheapest that fits). Recomputing activations costs a third more compute: only
-    candidates without it if any fits so, the first in cost order. A pipeline that fits is taken instead when its
-    step-time bound is PIPELINE_QUICKER times the cheapest's or better: its stages keep their gathers inside a
-    node, so over slow links between nodes it can beat sharding across them. The bound ignores how well
-    communication overlaps and what a schedule costs beyond its bubble, hence a clear margin."""
+    candidates without it if any fits so, the first in cost order (a pipeline: its layout's quickest schedule). A
+    pipeline that fits is taken instead when its step-time bound is PIPELINE_QUICKER times the cheapest's or
+    better: its stages keep their gathers inside a node, so over slow links between nodes it can beat sharding
+    across them. The bound ignores how well communication overlaps and what a schedule costs beyond its bubble."""
     order = {candidate.name: index for index, candidate in enumerate(CANDIDATES)}
     tier = sorted((e for e in fitting if e.checkpointing == min(e.checkpointing for e in fitting)),
                   key=lambda e: order[e.candidate.name])  # fmt: skip
     cheapest = tier[0]
-    if cheapest.step_seconds is None or cheapest.pipeline is not None:
+    if cheapest.step_seconds is None:
         return cheapest, cheapest
+    if cheapest.pipeline is not None:  # the same layout under its quickest schedule (they hold the same)
+        same = [e for e in tier if e.pipeline and e.candidate.option.layout() == cheapest.candidate.option.layout()]
+        return min(same, key=lambda e: (e.step_seconds or 0.0, order[e.candidate.name])), cheapest
     pipelines = [
         (e.step_seconds, order[e.candidate.name], e) for e in tier if e.pipeline and e.step_seconds is not None
     ]
@@ -350,6 +353,7 @@ def reason(best: Estimate, inputs: Inputs, micro_batch: int, cheapest: Estimate 
         layer_activations=size(inputs.cost.layer_activations(micro_batch, inputs.precision)),
         pipeline_parallel=option.pipeline_parallel,
         bubble=f"{best.pipeline.bubble:.0%}" if best.pipeline else "none",
+        schedule=option.pipeline_schedule,
     )
     how = "with activation checkpointing" if best.checkpointing else "without activation checkpointing"
     batch = f"micro batch {micro_batch}" + (

@@ -65,6 +65,7 @@ def render(result: Plan) -> str:
     largest = max(e.total for e in result.estimates)
     unit, scale = next(((u, s) for u, s in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)) if largest >= s), ("B", 1))
     gpu = inputs.gpu
+    width = max(14, 1 + max(len(e.candidate.name) for e in result.estimates))
     lines = [
         f"model: {count(inputs.parameters)} parameters ({inputs.cost.describe()}),"
         f" micro batch {inputs.micro_batch}, precision {inputs.precision}, AdamW",
@@ -75,7 +76,7 @@ def render(result: Plan) -> str:
         " states; runtime: what the runtime adds; act/act-ckpt: activations without / with checkpointing;"
         " comm: volume vs ddp; step: lower bound (s) of one optimizer step",
         "",
-        f"{'strategy':<14}{'params':>9}{'grads':>9}{'optim':>9}{'runtime':>9}{'act':>9}{'act-ckpt':>9}"
+        f"{'strategy':<{width}}{'params':>9}{'grads':>9}{'optim':>9}{'runtime':>9}{'act':>9}{'act-ckpt':>9}"
         f"{'total':>9}{'total GB':>10}{'offload/node':>14}  {'fits':<5}{'comm':>6}{'step':>9}",
     ]
     for e in result.estimates:
@@ -87,7 +88,7 @@ def render(result: Plan) -> str:
         step = f"{e.step_seconds:9.3f}" if e.step_seconds is not None else f"{'-':>9}"
         mark = "*" if e.checkpointing else " "
         lines.append(
-            f"{e.candidate.name:<14}{row}{mark}{e.total / GB:9.3g}{offloaded:>14}  {fits:<5}{e.comm_vs_ddp:5.2f}x{step}"
+            f"{e.candidate.name:<{width}}{row}{mark}{e.total / GB:9.3g}{offloaded:>14}  {fits:<5}{e.comm_vs_ddp:5.2f}x{step}"
         )
     lines.append("(* total with activation checkpointing; n/a: cannot run this layout)")
     for e in result.estimates:

@@ -32,11 +32,12 @@ class Fsdp2Options:
             (pipeline, data parallel, tensor parallel): devices x num_nodes = pp x dp x tp.
         pipeline_microbatches: Pieces each micro-batch is cut into and fed through the pipeline
             (divides train.micro_batch_size); more pieces, a smaller bubble.
-        pipeline_schedule: GPipe, 1F1B or Interleaved1F1B (several stages per device). torch's
-            zero-bubble schedules split backward in two, and the weight half finds only the weights
-            fully_shard still holds gathered: a block resharded after forward gets wrong gradients,
-            so they are not offered.
-        pipeline_stages_per_rank: Stages each pipeline rank holds (1 for GPipe/1F1B, >= 2 interleaved).
+        pipeline_schedule: GPipe, 1F1B, Interleaved1F1B (several stages per device), or the
+            zero-bubble schedules InterleavedZeroBubble (one or more stages per device) and
+            ZBVZeroBubble (two per device, in a V), which run each backward's weight half in the
+            bubble and keep a stage's blocks gathered from forward to backward.
+        pipeline_stages_per_rank: Stages each pipeline rank holds (1 for GPipe/1F1B, >= 2 for
+            Interleaved1F1B, >= 1 for InterleavedZeroBubble, 2 for ZBVZeroBubble).
         pipeline_split: Blocks per stage, in order (sums to the number of blocks); empty: balanced by
             parameter count.
     """
@@ -46,7 +47,7 @@ class Fsdp2Options:
     cpu_offload: bool = False
     pipeline_parallel_size: int = 1
     pipeline_microbatches: int = 4
-    pipeline_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = "1F1B"
+    pipeline_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"] = "1F1B"
     pipeline_stages_per_rank: int = 1
     pipeline_split: list[int] = field(default_factory=list)
 

@@ -59,8 +59,12 @@ class PlanOption:
     sixteen_bit_module: bool = False  # mixed precision runs a 16-bit copy of the module: activations, collectives
     fp32_gradient_reduce: bool = False  # a 16-bit module whose gradients are still reduced in fp32 (fully_shard's)
     pipeline_parallel: int = 1  # stages the blocks are split into, one group of devices each
-    pipeline_schedule: str = "1F1B"  # GPipe | 1F1B | Interleaved1F1B
+    pipeline_schedule: str = "1F1B"  # GPipe | 1F1B | Interleaved1F1B | InterleavedZeroBubble | ZBVZeroBubble
     pipeline_stages_per_rank: int = 1
+
+    def layout(self) -> tuple[int, int]:
+        """(pipeline, tensor parallel) sizes: options that differ only in their schedule share a layout."""
+        return self.pipeline_parallel, self.tensor_parallel
 
 
 @dataclass(frozen=True)

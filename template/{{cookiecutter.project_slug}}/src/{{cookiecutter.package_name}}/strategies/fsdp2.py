@@ -162,19 +162,23 @@ class FSDP2(TrainingStrategy):
         )
         # Blocks split into stages across nodes (activations cross the slow links, not parameters), each stage
         # sharded inside its group; with tensor parallel inside a node for the largest models.
+        # 1F1B, or ZB-V: two stages per rank in a V, the weight halves of backward run in the bubble.
         pipeline = [
             PlanOption(
-                f"{self.name}_pp{stages}" + (f"_tp{size}" if size > 1 else ""),
+                f"{self.name}_pp{stages}" + (f"_tp{size}" if size > 1 else "") + suffix,
                 stage=3,
                 recipes=("cpu-pp-debug", "llama-70b-pp-fsdp2-tp-multinode", "llama-70b-pp-fsdp2-tp-multinode"),
                 why="{pipeline_parallel} pipeline stages each hold 1/{pipeline_parallel} of the blocks and the"
-                " activations of the pieces in flight ({bubble} of a step idles in the bubble); only activations"
-                " cross between stages",
+                " activations of the pieces in flight ({bubble} of a step idles in {schedule}'s bubble); only"
+                " activations cross between stages",
                 comm_vs_ddp=1.5,
                 tensor_parallel=size,
                 pipeline_parallel=stages,
+                pipeline_schedule=schedule,
+                pipeline_stages_per_rank=per_rank,
                 **BF16_POLICY,
             )
+            for suffix, schedule, per_rank in (("", "1F1B", 1), ("_zbv", "ZBVZeroBubble", 2))
             for size in (1, 8)
             for stages in (2, 4, 8)
         ]
@@ -186,6 +190,18 @@ class FSDP2(TrainingStrategy):
         sixteen_bit = sizes.precision in MIXED
         weight = 2 if sixteen_bit else torch_model_states(1, sizes.precision, 0, 1).parameters
         gradient = 2 + 4 if sixteen_bit else weight
+        if option.pipeline_parallel > 1:
+            # torch's pipeline stages keep each block gathered after its backward and accumulate its gradient
+            # unsharded (in fp32 under bf16-mixed, fully_shard's reduce dtype) until the step's last piece, when the
+            # schedule reduces them: at the peak the stage holds all of its blocks so.
+            blocks = sizes.parameters - sizes.root
+            return [
+                PlanTerm("the stage's blocks, gathered until the step's last backward", weight * blocks),
+                PlanTerm("their unsharded gradients, summed over the pieces", (4 if sixteen_bit else weight) * blocks),
+                PlanTerm(
+                    "root (embeddings, head) gathered for the step", weight * sizes.root * (1 - 1 / sizes.data_parallel)
+                ),
+            ]
         return [
             PlanTerm("gathered layer, current and prefetched", 2 * weight * sizes.layer),
             PlanTerm("its unsharded gradient", gradient * sizes.layer),
@@ -232,6 +248,7 @@ class FSDP2(TrainingStrategy):
             mesh.get_local_rank("pipeline"),
             self.pipeline_parallel_size,
             options.pipeline_stages_per_rank,
+            options.pipeline_schedule,
         )
         with fabric.init_module(empty_init=self.config.meta_init):
             parts = build_stages(self.task.build_model, self.stage_split, self.stage_indices, self.config.meta_init)

@@ -24,6 +24,7 @@ from {{ cookiecutter.package_name }}.precision import mixed_precision_policy
 from {{ cookiecutter.package_name }}.recipe.schema import StrategyConfig
 from {{ cookiecutter.package_name }}.strategies.base import prepare_blocks
 from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineRank
+from {{ cookiecutter.package_name }}.strategies.pipeline_checks import ZERO_BUBBLE_SCHEDULES
 
 
 class ModelParallel(ModelParallelStrategy):
@@ -151,8 +152,17 @@ def shard_model(
     offload = config.fsdp2 is not None and config.fsdp2.cpu_offload
     policy = CPUOffloadPolicy() if offload else OffloadPolicy()  # OffloadPolicy(): fully_shard's default, none
     mixed = mixed_precision_policy(precision)
+    # A zero-bubble schedule computes a block's weight gradients after its input gradients, from the weights its
+    # forward gathered: resharded after forward, the block would find other tensors there. Its stage's blocks stay
+    # gathered until the schedule's last backward (as torchtitan keeps them under any pipeline).
+    options = config.fsdp2
+    keep = (
+        options is not None
+        and options.pipeline_parallel_size > 1
+        and options.pipeline_schedule in ZERO_BUBBLE_SCHEDULES
+    )
     for block in model.blocks:
-        fully_shard(block, mesh=data_mesh, offload_policy=policy, mp_policy=mixed)
+        fully_shard(block, mesh=data_mesh, reshard_after_forward=not keep, offload_policy=policy, mp_policy=mixed)
     # The root is gathered for the whole step anyway; keeping it unsharded after forward saves
     # one all-gather per step (as torchtitan does).
     fully_shard(model, mesh=data_mesh, reshard_after_forward=False, offload_policy=policy, mp_policy=mixed)

@@ -1,5 +1,6 @@
 """Pipeline parallel inside fsdp2: the model's blocks split into stages, each stage on its own group of ranks,
-micro-batches fed through by a torch.distributed.pipelining schedule (GPipe, 1F1B, interleaved 1F1B).
+micro-batches fed through by a torch.distributed.pipelining schedule (GPipe, 1F1B, interleaved 1F1B, and the
+zero-bubble schedules, which split each backward into its input and weight halves).
 
 As torchtitan does it, each stage is the whole model's structure with the other stages' parts removed: a
 stage keeps its parameters' names (`blocks.5.attn.q.weight` stays that on whichever stage holds block 5),
@@ -23,8 +24,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-# Schedules that hold exactly one stage per rank; the others (interleaved) hold several.
+# Schedules that hold exactly one stage per rank; the others (interleaved, zero-bubble) hold several.
 SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
+# Schedules that place a rank's two stages in a V: rank r holds stage r and stage 2p - 1 - r, so the first and
+# the last stage share a rank and the turn from forward to backward happens there without a send.
+V_SCHEDULES = ("ZBVZeroBubble",)
 
 
 class StageBlocks(nn.ModuleList):
@@ -80,8 +84,11 @@ class PipelineRank(nn.Module):
         raise RuntimeError("a pipeline-parallel model runs through its schedule (strategy.forward_backward)")
 
 
-def stage_indices(rank: int, size: int, per_rank: int) -> list[int]:
-    """The stages pipeline rank `rank` of `size` holds: rank, rank + size, ... (the interleaved schedules' loop)."""
+def stage_indices(rank: int, size: int, per_rank: int, schedule: str = "1F1B") -> list[int]:
+    """The stages pipeline rank `rank` of `size` holds: rank, rank + size, ... (the interleaved schedules' loop),
+    or under a V schedule (two per rank) rank and 2 x size - 1 - rank."""
+    if schedule in V_SCHEDULES:
+        return [rank, 2 * size - 1 - rank]
     return [rank + round_ * size for round_ in range(per_rank)]
 
 
@@ -189,6 +196,7 @@ class Schedule:
             loss_fn=self.piece_loss,
             scale_grads=False,
         )
+        self.forward_only = forward_only_actions(self.schedule) if schedule in V_SCHEDULES else None
 
     def piece_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The loss of one piece as backward sees it: its share of the step's mean. While validating, the
@@ -219,12 +227,32 @@ class Schedule:
     def evaluate(self, inputs: Any, targets: Any, measure: Callable[[torch.Tensor, torch.Tensor], None]) -> None:
         """Forward only, one micro-batch: the last stage hands each piece's outputs and targets to `measure`
         (the validation metrics); the other stages only pass activations on."""
-        self.measure = measure
+        self.measure, schedule = measure, self.schedule
+        if self.forward_only is not None:
+            trained, schedule.pipeline_order_with_comms = schedule.pipeline_order_with_comms, self.forward_only
         try:
-            self.schedule.eval(
+            schedule.eval(
                 *((inputs,) if self.holds_first else ()),
                 target=targets if self.holds_last else None,
                 return_outputs=False,
             )
         finally:
             self.measure = None
+            if self.forward_only is not None:
+                schedule.pipeline_order_with_comms = trained
+
+
+def forward_only_actions(schedule: Any) -> dict[int, list[Any]]:
+    """A V schedule's actions, with their sends and receives, less the backward ones: its order for evaluation.
+
+    torch's `eval()` runs a schedule's whole order with backward switched off, but a V schedule hands each backward
+    input to the stage below on the same rank, which then has none and fails. The forwards and their sends and
+    receives keep the order the schedule gave them (tests/e2e/test_pipeline.py: ZB-V validates as ddp does).
+    """
+    from torch.distributed.pipelining.schedules import _ComputationType as Action
+
+    kept = (Action.FORWARD, Action.SEND_F, Action.RECV_F, Action.UNSHARD, Action.RESHARD)
+    return {
+        rank: [action for action in actions if action.computation_type in kept]
+        for rank, actions in schedule.pipeline_order_with_comms.items()
+    }

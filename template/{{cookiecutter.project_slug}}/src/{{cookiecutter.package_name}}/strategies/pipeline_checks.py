@@ -11,9 +11,14 @@ from typing import Any
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.strategies.base import divisors
 
-# Stages per pipeline rank each schedule runs: exactly these, or at least the minimum (looped schedules).
-EXACT_STAGES_PER_RANK = {"GPipe": 1, "1F1B": 1}
-LOOPED_SCHEDULES = ("Interleaved1F1B",)
+# Stages per pipeline rank each schedule runs: exactly these (ZBV: two, in a V), or several (looped schedules).
+EXACT_STAGES_PER_RANK = {"GPipe": 1, "1F1B": 1, "ZBVZeroBubble": 2}
+LOOPED_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble")
+LOOPED_MINIMUM = {"Interleaved1F1B": 2, "InterleavedZeroBubble": 1}
+# Schedules that split each backward into its input half (sent back at once) and its weight half (run later, in
+# what would be the bubble). The weight half reads the stage's gathered weights, so under fully_shard a stage's
+# blocks stay gathered from forward to backward (fully_shard.py).
+ZERO_BUBBLE_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble")
 
 
 def check_pipeline(strategy: Any) -> None:
@@ -40,9 +45,10 @@ def check_pipeline(strategy: Any) -> None:
         raise RecipeError(
             f"{field}.pipeline_stages_per_rank={per_rank}: pipeline_schedule={schedule} holds {exact} per rank"
         )
-    if schedule in LOOPED_SCHEDULES and per_rank < 2:
+    minimum = LOOPED_MINIMUM.get(schedule, 1)
+    if schedule in LOOPED_SCHEDULES and per_rank < minimum:
         raise RecipeError(
-            f"{field}.pipeline_stages_per_rank={per_rank}: pipeline_schedule={schedule} holds >= 2 per rank"
+            f"{field}.pipeline_stages_per_rank={per_rank}: pipeline_schedule={schedule} holds >= {minimum} per rank"
             " (or choose 1F1B)"
         )
     microbatches, micro_batch_size = options.pipeline_microbatches, recipe.train.micro_batch_size
@@ -50,6 +56,14 @@ def check_pipeline(strategy: Any) -> None:
         raise RecipeError(
             f"{field}.pipeline_microbatches={microbatches} must divide train.micro_batch_size={micro_batch_size}"
             f" (choose {divisors(micro_batch_size)})"
+        )
+    # The looped schedules feed the pieces in rounds of max(1, m // pp) (torch's rule): the rounds must divide m.
+    rounds = max(1, microbatches // size)
+    if schedule in LOOPED_SCHEDULES and microbatches % rounds:
+        allowed = [m for m in range(1, micro_batch_size + 1) if micro_batch_size % m == 0 == m % max(1, m // size)]
+        raise RecipeError(
+            f"{field}.pipeline_microbatches={microbatches}: pipeline_schedule={schedule} feeds the pieces in"
+            f" {rounds} rounds of pipeline_parallel_size={size}, which must divide them (choose from {allowed})"
         )
     stages = size * per_rank
     blocks = strategy.task.pipeline_blocks()

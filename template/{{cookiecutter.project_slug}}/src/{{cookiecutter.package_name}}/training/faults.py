@@ -7,7 +7,8 @@ TRAIN_FAULT=<kind>:<step>[:<signal>] where kind is
                       a marker file in <out_dir>/faults/ survives the restart, so a restarted job runs through
   signal-at-step      the last rank sends itself a signal after that step (default USR1, e.g.
                       `signal-at-step:5:TERM`), as SLURM does before a time limit
-  nan-at-step         the last rank's loss becomes NaN in that step (its gradients too)
+  nan-at-step         the last rank's loss becomes NaN in that step (its gradients too), or that of the rank
+                      given (`nan-at-step:3:0`: under a V pipeline schedule rank 0 holds the last stage)
   hang-at-step        the last rank never finishes that step (a hung data source, a stuck kernel): only the
                       stop deadline (checkpoint.stop_deadline_seconds) or a second signal ends the run
   slow-rank           the last rank sleeps before the step's decision in that step and every later one (default
@@ -77,8 +78,9 @@ def fault_point(where: str, step: int, out_dir: str | Path = ".") -> None:
 
 
 def poison_loss(loss: torch.Tensor, step: int) -> torch.Tensor:
-    """The loss, made NaN on the last rank when TRAIN_FAULT=nan-at-step:<step>."""
-    kind, at, _ = _wanted()
-    if kind == "nan-at-step" and at == step and _rank_and_size()[0] == _rank_and_size()[1] - 1:
+    """The loss, made NaN on the last rank (or the rank given) when TRAIN_FAULT=nan-at-step:<step>[:<rank>]."""
+    kind, at, argument = _wanted()
+    rank, size = _rank_and_size()
+    if kind == "nan-at-step" and at == step and rank == (int(argument) if argument else size - 1):
         return loss * float("nan")
     return loss
