@@ -78,6 +78,8 @@ FIGURES: list[tuple[str, str, tuple[str, float] | None]] = [
     ("full_ac_step_vs_none", "forward+backward time, full checkpointing / none", None),
     ("pipeline_step_vs_ddp", "step time, 2-stage pipeline (1F1B, 4 pieces) / ddp, 2 processes, same batch", None),
     ("pipeline_predicted_step_vs_ddp", "the same as plan's bubble predicts it: 1 / (1 - bubble)", None),
+    ("pipeline_zbv_step_vs_ddp", "step time, ZB-V (4 stages in a V on 2 processes, 4 pieces) / ddp, same batch", None),
+    ("pipeline_zbv_predicted_step_vs_ddp", "the same as plan's bubble predicts it: 1 / (1 - bubble)", None),
 ]
 
 
@@ -296,28 +298,31 @@ def logged_step_seconds(out_dir: Path, *overrides: str) -> float:
 
 
 def pipeline_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any]]:
-    """Step time of a 2-stage 1F1B pipeline (one micro-batch of 8 in 4 pieces) against ddp (2 x 4), alternating
-    runs, beside the step time plan's bubble predicts: (p - 1) / (m + p - 1) of the step idles."""
+    """Step time of a 2-stage 1F1B pipeline (one micro-batch of 8 in 4 pieces), and of ZB-V (4 stages in a V on the
+    2 ranks), against ddp (2 x 4), alternating runs, beside the step time plan's bubble predicts for each: under
+    1F1B (p - 1) / (m + p - 1) of the step idles, under ZB-V none once 2p - 1 pieces fill the V."""
     sys.path.insert(0, str(PROJECT / "src"))
     from importlib import import_module
 
-    bubble = import_module(f"{PACKAGE}.planner.pipeline").bubble_fraction("1F1B", 2, 4)
+    bubble_fraction = import_module(f"{PACKAGE}.planner.pipeline").bubble_fraction
+    bubbles = {"pipeline": bubble_fraction("1F1B", 2, 4), "pipeline_zbv": bubble_fraction("ZBVZeroBubble", 2, 4)}
     steps = ["--train.max_steps", "6" if quick else "20"]
-    pipeline = ["--strategy.fsdp2.pipeline_parallel_size", "2", "--strategy.fsdp2.pipeline_microbatches", "4"]
-    ratios, seconds = [], {"ddp": [], "pipeline": []}
+    pipeline = ["--train.micro_batch_size", "8", "--strategy.fsdp2.pipeline_parallel_size", "2"]
+    pipeline += ["--strategy.fsdp2.pipeline_microbatches", "4"]
+    zbv = ["--strategy.fsdp2.pipeline_schedule", "ZBVZeroBubble", "--strategy.fsdp2.pipeline_stages_per_rank", "2"]
+    layouts = {"ddp": ["--strategy.name", "ddp"], "pipeline": pipeline, "pipeline_zbv": [*pipeline, *zbv]}
+    seconds: dict[str, list[float]] = {name: [] for name in layouts}
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as folder:
         for repeat in range(repeats):
-            ddp = logged_step_seconds(Path(folder) / f"ddp-{repeat}", *steps, "--strategy.name", "ddp")
-            piped = logged_step_seconds(
-                Path(folder) / f"pp-{repeat}", *steps, "--train.micro_batch_size", "8", *pipeline
-            )
-            ratios.append(piped / ddp)
-            seconds["ddp"].append(ddp)
-            seconds["pipeline"].append(piped)
-    return {
-        "pipeline_step_vs_ddp": {**summary(ratios), "seconds_per_step": seconds, "bubble": bubble},
-        "pipeline_predicted_step_vs_ddp": {**summary([1 / (1 - bubble)]), "bubble": bubble},
-    }
+            for name, overrides in layouts.items():
+                seconds[name].append(logged_step_seconds(Path(folder) / f"{name}-{repeat}", *steps, *overrides))
+    figures = {}
+    for name, bubble in bubbles.items():
+        ratios = [piped / ddp for piped, ddp in zip(seconds[name], seconds["ddp"], strict=True)]
+        measured = {"ddp": seconds["ddp"], name: seconds[name]}
+        figures[f"{name}_step_vs_ddp"] = {**summary(ratios), "seconds_per_step": measured, "bubble": bubble}
+        figures[f"{name}_predicted_step_vs_ddp"] = {**summary([1 / (1 - bubble)]), "bubble": bubble}
+    return figures
 
 
 def sparse_corpus(folder: Path, small: Path, total_bytes: int, shard_bytes: int) -> None:

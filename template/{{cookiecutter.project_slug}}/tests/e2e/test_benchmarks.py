@@ -29,6 +29,8 @@ KEYS = {
     "host_syncs_per_step",
     "pipeline_step_vs_ddp",
     "pipeline_predicted_step_vs_ddp",
+    "pipeline_zbv_step_vs_ddp",
+    "pipeline_zbv_predicted_step_vs_ddp",
     "fused_decide_vs_per_decision",
     "profile_other_steps_vs_off",
     "adamw_vs_previous_default",
