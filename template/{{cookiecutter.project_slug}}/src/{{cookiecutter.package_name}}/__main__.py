@@ -1,5 +1,5 @@
-"""`python -m {{ cookiecutter.package_name }}` runs the command line."""
+"""`python -m <package>` runs the command line."""
 
-from {{ cookiecutter.package_name }}.cli import main
+from .cli import main
 
 main()

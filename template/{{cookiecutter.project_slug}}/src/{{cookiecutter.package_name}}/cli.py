@@ -14,11 +14,12 @@ import sys
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }} import __version__
-from {{ cookiecutter.package_name }}.commands import choose_a_command, command_table, first_line, load_command
-from {{ cookiecutter.package_name }}.errors import RecipeError, refuse_dashed_options, run_command
+from . import __version__
+from .commands import choose_a_command, command_table, first_line, load_command
+from .errors import RecipeError, refuse_dashed_options, run_command
+from .project import PROJECT
 
-PROG = "{{ cookiecutter.project_slug }}"
+PROG = PROJECT
 
 
 def build_parser(table: dict[str, str] | None = None) -> ArgumentParser:

@@ -33,7 +33,11 @@ import torch
 from lightning.fabric import Fabric
 from torch.distributed.checkpoint.api import CheckpointException
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import (
+from ..errors import ExitCode, TrainingStopped
+from ..recipe.load import dump_recipe
+from ..recipe.schema import Recipe
+from ..training.faults import fault_point
+from .layout import (
     META_FILE,
     checkpoint_bytes,
     checkpoint_root,
@@ -43,11 +47,7 @@ from {{ cookiecutter.package_name }}.checkpoint.layout import (
     remove_old_checkpoints,
     space_report,
 )
-from {{ cookiecutter.package_name }}.checkpoint.rng import rng_state
-from {{ cookiecutter.package_name }}.errors import ExitCode, TrainingStopped
-from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.training.faults import fault_point
+from .rng import rng_state
 
 
 class Checkpointer:

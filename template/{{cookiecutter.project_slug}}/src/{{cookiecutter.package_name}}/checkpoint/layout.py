@@ -18,10 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from {{ cookiecutter.package_name }}.checkpoint.lock import launched_rank
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.tasks import task_class, task_for
+from ..errors import RecipeError
+from ..project import TASK
+from ..recipe.schema import Recipe
+from ..tasks import task_class, task_for
+from .lock import launched_rank
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 META_FILE = "meta.json"
@@ -86,10 +87,10 @@ def checkpoint_recipe(path: Path) -> Recipe:
     """The recipe a checkpoint folder was saved with. What its task says may be gone since (the language model's
     model.init_from: the weights are in the checkpoint now, the folder they first came from may not be; unless
     LoRA adapted them, whose checkpoints hold the adapters only) is not checked again."""
-    from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, read_recipe_file  # jsonargparse: only when asked
+    from ..recipe.load import parse_recipe, read_recipe_file  # jsonargparse: only when asked
 
     saved = read_recipe_file(path / "config.yaml", f"checkpoint {path}: config.yaml") or {}  # bounded, as any recipe
-    task = task_class(saved.get("task", Recipe.task))
+    task = task_class(saved.get("task", TASK))
     return parse_recipe(["--config", str(path / "config.yaml"), *task.saved_recipe_overrides(saved)])
 
 
@@ -283,7 +284,7 @@ def check_same_model(path: Path, recipe: Recipe) -> None:
     saved_file = path / "config.yaml"
     if not saved_file.is_file():
         return
-    from {{ cookiecutter.package_name }}.recipe.load import read_recipe_file  # bounded: a checkpoint's config.yaml is a recipe like any
+    from ..recipe.load import read_recipe_file  # bounded: a checkpoint's config.yaml is a recipe like any
 
     saved = (read_recipe_file(saved_file, f"checkpoint {path}: config.yaml") or {}).get("model", {})
     current = recipe.to_dict()["model"]

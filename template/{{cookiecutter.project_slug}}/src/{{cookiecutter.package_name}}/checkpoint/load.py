@@ -14,12 +14,12 @@ from typing import Any
 import torch
 from lightning.fabric import Fabric
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import META_FILE, damaged_files, list_checkpoints, read_meta, step_of
-from {{ cookiecutter.package_name }}.checkpoint.rng import set_rng_state
-from {{ cookiecutter.package_name }}.checkpoint.safety import check_metadata, load_tensors
-from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError, TrainingStopped
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.strategies import strategy_class
+from ..errors import ExitCode, RecipeError, TrainingStopped
+from ..recipe.schema import Recipe
+from ..strategies import strategy_class
+from .layout import META_FILE, damaged_files, list_checkpoints, read_meta, step_of
+from .rng import set_rng_state
+from .safety import check_metadata, load_tensors
 
 
 def verified_resume(fabric: Fabric, path: Path, recipe: Recipe) -> Path:

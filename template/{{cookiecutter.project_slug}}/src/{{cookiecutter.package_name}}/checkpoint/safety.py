@@ -17,7 +17,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
+from ..errors import RecipeError
 
 METADATA = ".metadata"  # what torch.distributed.checkpoint's FileSystemWriter names it
 # module -> the names a DCP .metadata pickle may use from it ("*": any class defined in that module)

@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import INDEX, SINGLE_FILE, checkpoint_recipe, read_meta
-from {{ cookiecutter.package_name }}.checkpoint.safety import check_metadata, load_tensors
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.strategies import strategy_class
-from {{ cookiecutter.package_name }}.tasks import task_for
+from ..errors import RecipeError
+from ..recipe.schema import Recipe
+from ..strategies import strategy_class
+from ..tasks import task_for
+from .layout import INDEX, SINGLE_FILE, checkpoint_recipe, read_meta
+from .safety import check_metadata, load_tensors
 
 DEFAULT_SHARD_BYTES = 5 * 10**9  # what transformers' save_pretrained writes per file by default
 # Module wrappers that activation checkpointing and torch.compile can leave in parameter names.

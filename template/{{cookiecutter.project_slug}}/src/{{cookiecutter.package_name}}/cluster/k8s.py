@@ -22,10 +22,11 @@ from typing import Any
 
 import yaml
 
-from {{ cookiecutter.package_name }}.cluster.launchers import PACKAGE, torchrun_command
-from {{ cookiecutter.package_name }}.cluster.slurm import gpus_per_node, shown
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from ..errors import RecipeError
+from ..project import PROJECT
+from ..recipe.schema import Recipe
+from .launchers import PACKAGE, torchrun_command
+from .slurm import gpus_per_node, shown
 
 KINDS = ("pytorchjob", "rayjob")
 MOUNT = "/runs"
@@ -110,7 +111,7 @@ def job_manifest(
     recipe_path: str,
     image: str | None,
     pvc: str | None,
-    job_name: str = "{{ cookiecutter.project_slug }}",
+    job_name: str = PROJECT,
     wandb_secret: str = "wandb",
     backoff_limit: int = 10,
     overrides: list[str] | None = None,

@@ -14,15 +14,15 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from {{ cookiecutter.package_name }}.cluster.lifecycle import mark_launcher
-from {{ cookiecutter.package_name }}.errors import RecipeError
+from ..errors import RecipeError
+from .lifecycle import mark_launcher
 
 if TYPE_CHECKING:  # this module is imported by commands that only write job files: no torch at the top
     from lightning.fabric import Fabric
 
-    from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+    from ..recipe.schema import Recipe
 
-PACKAGE = "{{ cookiecutter.package_name }}"
+PACKAGE = __name__.partition(".")[0]  # this package's name: launchers run it with -m
 
 # `fabric run` exports its flags as LT_* variables for Fabric(...) to compare with its own arguments.
 FABRIC_RUN_FLAGS = ("devices", "num_nodes", "accelerator", "strategy", "precision")

@@ -27,8 +27,8 @@ import sys
 import threading
 from types import FrameType
 
-from {{ cookiecutter.package_name }}.checkpoint.lock import launched_rank
-from {{ cookiecutter.package_name }}.errors import ExitCode, TrainingStopped
+from ..checkpoint.lock import launched_rank
+from ..errors import ExitCode, TrainingStopped
 
 SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 SUBMITIT_JOB = "SUBMITIT_EXECUTOR"  # set by submitit in the environment of its jobs' tasks (slurm or local)

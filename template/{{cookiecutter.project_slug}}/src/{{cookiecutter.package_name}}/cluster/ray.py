@@ -31,13 +31,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_root, find_latest
-from {{ cookiecutter.package_name }}.cluster.launchers import RAY_WORKER
-from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError, TrainingStopped, one_line
-from {{ cookiecutter.package_name }}.recipe.checks import check_hardware
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from ..checkpoint.layout import checkpoint_root, find_latest
+from ..errors import ExitCode, RecipeError, TrainingStopped, one_line
+from ..project import PROJECT
+from ..recipe.checks import check_hardware
+from ..recipe.schema import Recipe
+from .launchers import RAY_WORKER
 
-INSTALL = "pip install '{{ cookiecutter.project_slug }}[ray]'"
+INSTALL = f"pip install '{PROJECT}[ray]'"
 CONNECT_SECONDS = 5.0  # an address that does not answer within this is refused (ray.init would wait for minutes)
 
 
@@ -168,7 +169,7 @@ def train_in_worker(config: dict[str, Any]) -> None:
     """
     import ray.train
 
-    from {{ cookiecutter.package_name }}.training.loop import train
+    from ..training.loop import train
 
     if Path(config["folder"]).is_dir():
         os.chdir(config["folder"])

@@ -14,12 +14,13 @@ import shlex
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError
-from {{ cookiecutter.package_name }}.recipe.checks import needs_gpu
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from ..errors import ExitCode, RecipeError
+from ..project import PROJECT
+from ..recipe.checks import needs_gpu
+from ..recipe.schema import Recipe
 
 SIGNAL_SECONDS_BEFORE_LIMIT = 120
-PACKAGE = "{{ cookiecutter.package_name }}"
+PACKAGE = __name__.partition(".")[0]  # this package's name: launchers run it with -m
 # SLURM's time formats: MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS, DAYS-HOURS:MINUTES, DAYS-HOURS:MINUTES:SECONDS.
 TIME_LIMIT = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 
@@ -99,7 +100,7 @@ def sbatch_script(
     time: str = "24:00:00",
     partition: str | None = None,
     account: str | None = None,
-    job_name: str = "{{ cookiecutter.project_slug }}",
+    job_name: str = PROJECT,
     cpus_per_task: int = 8,
 ) -> str:
     """An sbatch script that trains `recipe_path` with one task per device on `recipe.num_nodes` nodes."""

@@ -36,11 +36,11 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_root, find_latest
-from {{ cookiecutter.package_name }}.cluster.preemption import SIGNALS, Preempted, Preemption
-from {{ cookiecutter.package_name }}.cluster.slurm import SIGNAL_SECONDS_BEFORE_LIMIT, gpus_per_node
-from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError, TrainingStopped, exit_process
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from ..checkpoint.layout import checkpoint_root, find_latest
+from ..errors import ExitCode, RecipeError, TrainingStopped, exit_process
+from ..recipe.schema import Recipe
+from .preemption import SIGNALS, Preempted, Preemption
+from .slurm import SIGNAL_SECONDS_BEFORE_LIMIT, gpus_per_node
 
 if TYPE_CHECKING:
     from submitit import Executor, Job
@@ -119,7 +119,7 @@ class Training:
             ranks.master_addr = "127.0.0.1"  # one machine, whatever its host name resolves to
             ranks.export(set_cuda_visible_devices=False, overwrite=True)
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        from {{ cookiecutter.package_name }}.training.loop import train  # imports torch
+        from ..training.loop import train  # imports torch
 
         try:
             train(self.recipe, preemption)

@@ -26,22 +26,22 @@ from typing import Any, NoReturn, Protocol, cast
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.tasks import task_class
+from ..errors import RecipeError
+from ..project import TASK
+from ..tasks import task_class
 
 # command name -> the module that holds its parser and its body
 COMMANDS: dict[str, str] = {
-    "train": "{{ cookiecutter.package_name }}.commands.train",
-    "recipes": "{{ cookiecutter.package_name }}.commands.recipes",
-    "checkpoint": "{{ cookiecutter.package_name }}.commands.checkpoint",
-    "plan": "{{ cookiecutter.package_name }}.commands.plan",
-    "slurm": "{{ cookiecutter.package_name }}.commands.slurm",
-    "submit": "{{ cookiecutter.package_name }}.commands.submit",
-    "k8s": "{{ cookiecutter.package_name }}.commands.k8s",
-    "ray": "{{ cookiecutter.package_name }}.commands.ray",
-    "report": "{{ cookiecutter.package_name }}.commands.report",
-    "data": "{{ cookiecutter.package_name }}.commands.data",
+    "train": f"{__package__}.train",
+    "recipes": f"{__package__}.recipes",
+    "checkpoint": f"{__package__}.checkpoint",
+    "plan": f"{__package__}.plan",
+    "slurm": f"{__package__}.slurm",
+    "submit": f"{__package__}.submit",
+    "k8s": f"{__package__}.k8s",
+    "ray": f"{__package__}.ray",
+    "report": f"{__package__}.report",
+    "data": f"{__package__}.data",
 }
 
 
@@ -60,11 +60,11 @@ class Command(Protocol):
 
 
 def command_table() -> dict[str, str]:
-    """Every command of the command line: the machinery's, then those of the project's default task (`Recipe.task`).
+    """Every command of the command line: the machinery's, then those of the project's task (project.TASK).
 
     A task's command cannot replace one of the machinery's: the machinery's keeps its name.
     """
-    task_commands = task_class(Recipe.task).commands
+    task_commands = task_class(TASK).commands
     return {**COMMANDS, **{name: module for name, module in task_commands.items() if name not in COMMANDS}}
 
 

@@ -11,19 +11,19 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import (
+from ..checkpoint.layout import (
     checkpoints_folder,
     read_meta,
     resolve_checkpoint,
     scan_checkpoints,
     step_of,
 )
-from {{ cookiecutter.package_name }}.commands import as_subcommand, choose_a_command, parse_arguments
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.progress import working
-from {{ cookiecutter.package_name }}.tasks import task_class
+from ..errors import RecipeError
+from ..progress import working
+from ..tasks import task_class
+from . import as_subcommand, choose_a_command, parse_arguments
 
-PACKAGE = "{{ cookiecutter.package_name }}"
+PACKAGE = __name__.partition(".")[0]  # this package's import name
 HELP = "Checkpoints of a run."
 
 
@@ -80,7 +80,7 @@ def list_checkpoint_folders(run: str) -> None:
 def inspect_checkpoint(name: str) -> None:
     """Print what a checkpoint holds."""
     path = resolve_checkpoint(name)
-    from {{ cookiecutter.package_name }}.checkpoint.load import load_full_state  # imports torch: once the path is checked
+    from ..checkpoint.load import load_full_state  # imports torch: once the path is checked
 
     meta = read_meta(path)
     with working(f"Reading {path}"):
@@ -101,7 +101,7 @@ def inspect_checkpoint(name: str) -> None:
 def consolidate_checkpoint(name: str, output: str, force: bool = False) -> None:
     """Write a checkpoint's weights as one plain PyTorch file."""
     path = resolve_checkpoint(name)
-    from {{ cookiecutter.package_name }}.checkpoint.load import consolidate  # imports torch: once the path is checked
+    from ..checkpoint.load import consolidate  # imports torch: once the path is checked
 
     with working(f"Consolidating {path}"):
         weights = consolidate(path, Path(output), force)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.commands import as_subcommand, choose_a_command, parse_arguments
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.tasks import task_class
+from ..project import TASK
+from ..tasks import task_class
+from . import as_subcommand, choose_a_command, parse_arguments
 
 HELP = "Prepared data: verify every byte of a folder against its manifest."
 
@@ -33,5 +33,5 @@ def run(argv: list[str], prog: str) -> None:
         choose_a_command(as_subcommand(prog, "data", add_arguments), ["data"])
     args = parse_arguments(prog, "data", add_arguments, argv)
     folder = Path(args.verify.path)
-    summary = task_class(Recipe.task).verify_prepared(folder)
+    summary = task_class(TASK).verify_prepared(folder)
     print(f"{folder}: every file matches its manifest: {summary}")

@@ -8,13 +8,14 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.cluster.k8s import KINDS, MOUNT, job_manifest, manifest_text
-from {{ cookiecutter.package_name }}.commands import parse_arguments
-from {{ cookiecutter.package_name }}.recipe.library import find_recipe
-from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, split_command_line
+from ..cluster.k8s import KINDS, MOUNT, job_manifest, manifest_text
+from ..project import PROJECT
+from ..recipe.library import find_recipe
+from ..recipe.load import parse_recipe, split_command_line
+from . import parse_arguments
 
 K8S_FLAGS = ("--kind", "--image", "--pvc", "--job_name", "--wandb_secret", "--backoff_limit", "--out")
-HELP = "Write a Kubernetes job: {{ cookiecutter.project_slug }} k8s RECIPE --image IMAGE --pvc NAME > job.yaml."
+HELP = f"Write a Kubernetes job: {PROJECT} k8s RECIPE --image IMAGE --pvc NAME > job.yaml."
 
 
 def add_arguments(parser: ArgumentParser, prog: str) -> None:

@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.commands import first_line
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.library import find_recipe, recipe_for_layout
-from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, split_command_line
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.tasks import task_for
+from ..errors import RecipeError
+from ..recipe.library import find_recipe, recipe_for_layout
+from ..recipe.load import parse_recipe, split_command_line
+from ..recipe.schema import Recipe
+from ..tasks import task_for
+from . import first_line
 
 if TYPE_CHECKING:
-    from {{ cookiecutter.package_name }}.planner.plan import Device  # plan imports sizing: only when planning
+    from ..planner.plan import Device  # plan imports sizing: only when planning
 
 HELP = "Which strategy for a model on a cluster."
 # With no recipe, `plan` starts from a node of 8 GPUs training in bf16-mixed, one sequence per micro-batch.
@@ -39,7 +39,7 @@ PLAN_FLAGS = ("--parameters", "--gpu", "--gpu_memory_gib", "--interconnect", "--
 
 def add_arguments(parser: ArgumentParser, prog: str) -> None:
     """`plan`'s own options; every recipe field is an override as well (`--model.n_layer 48`, `--devices 8`)."""
-    from {{ cookiecutter.package_name }}.planner.hardware import GPUS, INTERCONNECTS
+    from ..planner.hardware import GPUS, INTERCONNECTS
 
     parser.description = (
         "Memory per device, communication and a step-time bound of every strategy, and the one to pick."
@@ -60,9 +60,9 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
 
 def plan_device(options: Any, recipe: Recipe) -> Device:
     """The device the plan assumes: a row of the hardware table (or a CPU process), its memory overridable."""
-    from {{ cookiecutter.package_name }}.planner.hardware import GPUS, PCIE_PEER_GB_S, gpu_model
-    from {{ cookiecutter.package_name }}.planner.plan import Device
-    from {{ cookiecutter.package_name }}.precision import table_column
+    from ..planner.hardware import GPUS, PCIE_PEER_GB_S, gpu_model
+    from ..planner.plan import Device
+    from ..precision import table_column
 
     memory = int(options.gpu_memory_gib * 2**30) if options.gpu_memory_gib else None
     if recipe.accelerator == "cpu":
@@ -88,9 +88,9 @@ def run(argv: list[str], prog: str) -> None:
 
     import yaml
 
-    from {{ cookiecutter.package_name }}.planner.hardware import INTERCONNECTS
-    from {{ cookiecutter.package_name }}.planner.plan import plan, plan_inputs
-    from {{ cookiecutter.package_name }}.planner.report import library_recipe, render, to_json, written_recipe
+    from ..planner.hardware import INTERCONNECTS
+    from ..planner.plan import plan, plan_inputs
+    from ..planner.report import library_recipe, render, to_json, written_recipe
 
     name, own, overrides = split_command_line(argv, PLAN_FLAGS, ("--json",))
     parser = ArgumentParser(prog=f"{prog} plan", exit_on_error=False)

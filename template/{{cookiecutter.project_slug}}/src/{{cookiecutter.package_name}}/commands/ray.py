@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.commands import first_line
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.library import find_recipe
-from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, split_command_line
+from ..errors import RecipeError
+from ..recipe.library import find_recipe
+from ..recipe.load import parse_recipe, split_command_line
+from . import first_line
 
 HELP = "Train in Ray Train's workers, on a Ray cluster or a local one."
 VALUE_OPTIONS = ("--address", "--max_failures")
@@ -55,7 +55,7 @@ def run(argv: list[str], prog: str) -> None:
     path = find_recipe(options.recipe)
     recipe = parse_recipe(["--config", str(path), "--checkpoint.resume", "auto", *overrides], f"{prog} ray")
     max_failures = recipe.checkpoint.max_failures if options.max_failures is None else options.max_failures
-    from {{ cookiecutter.package_name }}.cluster.ray import require_ray, train_with_ray
+    from ..cluster.ray import require_ray, train_with_ray
 
     require_ray()
     train_with_ray(recipe, options.address, max_failures)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.commands import as_subcommand, choose_a_command, parse_arguments
-from {{ cookiecutter.package_name }}.recipe.checks import needs_gpu
-from {{ cookiecutter.package_name }}.recipe.library import copy_recipe, find_recipe, list_recipes, show_recipe
-from {{ cookiecutter.package_name }}.recipe.load import load_recipe
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.strategies import strategy_for
-from {{ cookiecutter.package_name }}.tasks import task_for
+from ..recipe.checks import needs_gpu
+from ..recipe.library import copy_recipe, find_recipe, list_recipes, show_recipe
+from ..recipe.load import load_recipe
+from ..recipe.schema import Recipe
+from ..strategies import strategy_for
+from ..tasks import task_for
+from . import as_subcommand, choose_a_command, parse_arguments
 
 HELP = "The recipe library."
 

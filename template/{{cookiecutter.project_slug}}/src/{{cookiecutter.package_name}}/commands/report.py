@@ -22,10 +22,11 @@ from typing import Any
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.commands import parse_arguments
-from {{ cookiecutter.package_name }}.errors import RecipeError
+from ..errors import RecipeError
+from ..project import PROJECT
+from . import parse_arguments
 
-HELP = "Plot a run's metrics into one HTML file: {{ cookiecutter.project_slug }} report RUN_DIR."
+HELP = f"Plot a run's metrics into one HTML file: {PROJECT} report RUN_DIR."
 TIME_KEY = "time/unix_time"  # logged at every logging step (training/monitor.py): the time axis
 TIME_UNITS = [("seconds", 1.0), ("minutes", 60.0), ("hours", 3600.0)]  # the first under 120 of them spans the run
 
@@ -67,7 +68,7 @@ def run(argv: list[str], prog: str) -> None:
     """Write the report of a run and print its path."""
     args = parse_arguments(prog, "report", add_arguments, argv)
     if importlib.util.find_spec("matplotlib") is None:
-        raise RecipeError('report needs matplotlib: pip install "{{ cookiecutter.project_slug }}[report]"')
+        raise RecipeError(f'report needs matplotlib: pip install "{PROJECT}[report]"')
     run_dir = Path(args.run)
     segments = read_segments(run_dir)
     out = Path(args.out) if args.out else run_dir / "report"

@@ -6,12 +6,13 @@ import os
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.cluster.slurm import add_job_options, check_job_options, sbatch_script
-from {{ cookiecutter.package_name }}.commands import parse_arguments
-from {{ cookiecutter.package_name }}.recipe.library import find_recipe
-from {{ cookiecutter.package_name }}.recipe.load import load_recipe
+from ..cluster.slurm import add_job_options, check_job_options, sbatch_script
+from ..project import PROJECT
+from ..recipe.library import find_recipe
+from ..recipe.load import load_recipe
+from . import parse_arguments
 
-HELP = "Write an sbatch script: {{ cookiecutter.project_slug }} slurm RECIPE > job.sbatch."
+HELP = f"Write an sbatch script: {PROJECT} slurm RECIPE > job.sbatch."
 
 
 def add_arguments(parser: ArgumentParser, prog: str) -> None:

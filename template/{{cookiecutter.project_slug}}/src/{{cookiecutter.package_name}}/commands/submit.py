@@ -11,13 +11,13 @@ import shutil
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_root
-from {{ cookiecutter.package_name }}.cluster.slurm import add_job_options, check_job_options
-from {{ cookiecutter.package_name }}.cluster.submit import Training, executor, wait
-from {{ cookiecutter.package_name }}.commands import first_line
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.library import find_recipe
-from {{ cookiecutter.package_name }}.recipe.load import parse_recipe, split_command_line
+from ..checkpoint.layout import checkpoint_root
+from ..cluster.slurm import add_job_options, check_job_options
+from ..cluster.submit import Training, executor, wait
+from ..errors import RecipeError
+from ..recipe.library import find_recipe
+from ..recipe.load import parse_recipe, split_command_line
+from . import first_line
 
 HELP = "Submit training to SLURM (or run it here) with submitit."
 VALUE_OPTIONS = ("--time", "--partition", "--account", "--job_name", "--cpus_per_task", "--folder", "--max_timeouts")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.tasks import task_class
+from ..project import TASK
+from ..recipe.load import parse_recipe
+from ..tasks import task_class
 
 HELP = "Train with a recipe and overrides."
 
@@ -16,17 +16,17 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
     recipe/load.py's `recipe_parser`; `run` reads the recipe with `parse_recipe`, which picks the recipe's task."""
     parser.description = "Train with a recipe."
     parser.add_argument("--config", action=ActionConfigFile, help="Recipe YAML file.")
-    parser.add_class_arguments(task_class(Recipe.task).recipe_type, nested_key=None, fail_untyped=True)
+    parser.add_class_arguments(task_class(TASK).recipe_type, nested_key=None, fail_untyped=True)
 
 
 def run(argv: list[str], prog: str) -> None:
     """Read and check the recipe (before torch loads), then train it."""
-    from {{ cookiecutter.package_name }}.cluster.lifecycle import end_with_launcher
-    from {{ cookiecutter.package_name }}.cluster.preemption import Preemption
+    from ..cluster.lifecycle import end_with_launcher
+    from ..cluster.preemption import Preemption
 
     end_with_launcher()  # a rank started by another rank dies with it
     preemption = Preemption()  # first: a stop signal during start-up ends the run as a preemption, not as killed
     recipe = parse_recipe(argv, f"{prog} train")
-    from {{ cookiecutter.package_name }}.training.loop import train_to_the_end  # imports torch: only when training
+    from ..training.loop import train_to_the_end  # imports torch: only when training
 
     train_to_the_end(recipe, preemption)

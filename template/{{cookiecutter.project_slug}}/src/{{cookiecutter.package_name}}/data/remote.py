@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from {{ cookiecutter.package_name }}.data.shards import Listed
-from {{ cookiecutter.package_name }}.errors import RecipeError
+from ..errors import RecipeError
+from .shards import Listed
 
 TRIES = 4  # attempts per file before the run stops
 FIRST_PAUSE_S = 0.5  # doubled after each failed attempt

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.base import Samples
+from ..errors import RecipeError
+from ..tasks.base import Samples
 
 Batch = Any  # what a task's `Samples.batch` returns: a tensor, or a tuple/dict of tensors
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.progress import counted
+from ..errors import RecipeError
+from ..progress import counted
 
 MANIFEST = "manifest.json"
 VERIFY_MODES = ("sizes", "full")  # data.verify: what a run checks at start

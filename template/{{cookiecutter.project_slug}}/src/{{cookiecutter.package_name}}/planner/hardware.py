@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from {{ cookiecutter.package_name }}.precision import table_column
+from ..precision import table_column
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from {{ cookiecutter.package_name }}.tasks.base import Activations, ModelCost
+from ..strategies.pipeline_checks import LOOPED_MINIMUM
+from ..tasks.base import Activations, ModelCost
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ def bubble_fraction(schedule: str, size: int, pieces: int, stages_per_rank: int 
         return max(0, filled - pieces) / filled
     weight_halves_in_the_bubble = schedule == "InterleavedZeroBubble"
     fraction = (size - 1) / ((3 if weight_halves_in_the_bubble else 1) * pieces + size - 1)
-    return fraction / stages_per_rank if schedule in ("Interleaved1F1B", "InterleavedZeroBubble") else fraction
+    return fraction / stages_per_rank if schedule in LOOPED_MINIMUM else fraction
 
 
 def pieces_held(schedule: str, size: int, pieces: int, stages_per_rank: int = 1) -> float:
@@ -50,7 +51,7 @@ def pieces_held(schedule: str, size: int, pieces: int, stages_per_rank: int = 1)
     if schedule == "GPipe":
         return float(pieces)
     held = float(min(pieces, size))
-    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and stages_per_rank > 1:
+    if schedule in LOOPED_MINIMUM and stages_per_rank > 1:
         held *= 1 + (size - 1) / (size * stages_per_rank)
     return held
 

@@ -28,13 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from {{ cookiecutter.package_name }}.planner.hardware import NVME_GB_S, PCIE_GB_S
-from {{ cookiecutter.package_name }}.planner.pipeline import PipelineTerms, pipeline_terms
-from {{ cookiecutter.package_name }}.precision import MIXED, States, zero_model_states
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.strategies import REGISTRY, PlanOption, TrainingStrategy
-from {{ cookiecutter.package_name }}.strategies.base import PlanSizes
-from {{ cookiecutter.package_name }}.tasks.base import Activations, ModelCost
+from ..precision import MIXED, States, zero_model_states
+from ..recipe.schema import Recipe
+from ..strategies import REGISTRY, PlanOption, TrainingStrategy
+from ..strategies.base import PlanSizes
+from ..tasks.base import Activations, ModelCost
+from .hardware import NVME_GB_S, PCIE_GB_S
+from .pipeline import PipelineTerms, pipeline_terms
 
 GIB, GB = 2**30, 1e9
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from {{ cookiecutter.package_name }}.planner.plan import GB, GIB, Candidate, Inputs, Plan, count, device_word
-from {{ cookiecutter.package_name }}.recipe.library import recipes_dir
+from ..recipe.library import recipes_dir
+from .plan import GB, GIB, Candidate, Inputs, Plan, count, device_word
 
 POWERS = {"GiB": "2^30", "MiB": "2^20", "KiB": "2^10", "B": "1"}
 

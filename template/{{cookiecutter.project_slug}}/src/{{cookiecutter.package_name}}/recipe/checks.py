@@ -12,11 +12,11 @@ import netrc
 import os
 from pathlib import Path
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.precision import BF16_CAPABILITY, GPU_ONLY
-from {{ cookiecutter.package_name }}.recipe.schema import STRATEGY_SECTIONS, Recipe, TrainConfig
-from {{ cookiecutter.package_name }}.strategies import REGISTRY, strategy_class, strategy_for
-from {{ cookiecutter.package_name }}.tasks import task_for
+from ..errors import RecipeError
+from ..precision import BF16_CAPABILITY, GPU_ONLY
+from ..strategies import REGISTRY, strategy_class, strategy_for
+from ..tasks import task_for
+from .schema import STRATEGY_SECTIONS, Recipe, TrainConfig
 
 
 def check_recipe(recipe: Recipe) -> None:

@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
+from ..errors import RecipeError
 
 
 def recipes_dir() -> Path:

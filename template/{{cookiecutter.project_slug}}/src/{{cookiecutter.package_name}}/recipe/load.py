@@ -16,12 +16,13 @@ from typing import Any
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.checks import check_recipe
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.recipe.typecheck import check_document, check_overrides
-from {{ cookiecutter.package_name }}.strategies import strategy_class
-from {{ cookiecutter.package_name }}.tasks import task_class
+from ..errors import RecipeError
+from ..project import TASK
+from ..strategies import strategy_class
+from ..tasks import task_class
+from .checks import check_recipe
+from .schema import Recipe
+from .typecheck import check_document, check_overrides
 
 # A recipe file is small: a bound on its size and on what its aliases expand to (nothing near either is a recipe).
 MAX_RECIPE_BYTES = 1 << 20
@@ -30,7 +31,7 @@ MAX_RECIPE_NODES = 100_000
 
 def recipe_parser(prog: str = "train", recipe_type: type[Recipe] | None = None) -> ArgumentParser:
     """A parser for a recipe file plus dotted command-line overrides (of the default task's Recipe unless given)."""
-    recipe_type = recipe_type or task_class(Recipe.task).recipe_type
+    recipe_type = recipe_type or task_class(TASK).recipe_type
     parser = ArgumentParser(prog=prog, exit_on_error=False, allow_abbrev=False, description="Train with a recipe.")
     parser.add_argument("--config", action=ActionConfigFile, help="Recipe YAML file.")
     parser.add_class_arguments(recipe_type, nested_key=None, fail_untyped=True)
@@ -114,7 +115,7 @@ def _config_files(argv: list[str]) -> list[Path]:
 
 def _task_name(argv: list[str], documents: list[dict[str, Any] | None]) -> str:
     """The recipe's task: the last `--task` override, else the last file that names one, else the default."""
-    name = Recipe.task
+    name = TASK
     for document in documents:
         if document is not None and isinstance(document.get("task"), str):
             name = document["task"]

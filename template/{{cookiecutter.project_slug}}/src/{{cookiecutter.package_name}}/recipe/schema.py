@@ -11,7 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from {{ cookiecutter.package_name }}.precision import Precision
+from ..precision import Precision
+from ..project import DEFAULT_LOGGER, PROJECT, TASK
 
 Offload = Literal["none", "cpu", "nvme"]
 
@@ -248,8 +249,8 @@ class LoggerConfig:
             the median over ranks by this fraction of the median step time (0.2: 20%).
     """
 
-    name: Literal["wandb", "tensorboard", "csv", "none"] = "{{ cookiecutter.logger }}"
-    project: str = "{{ cookiecutter.project_slug }}"
+    name: Literal["wandb", "tensorboard", "csv", "none"] = DEFAULT_LOGGER  # type: ignore[assignment]
+    project: str = PROJECT
     entity: str | None = None
     run_name: str | None = None
     group: str | None = None
@@ -307,7 +308,7 @@ class Recipe:
     num_nodes: int = 1
     precision: Precision = "32-true"
     out_dir: str = "runs/default"
-    task: str = "{{ cookiecutter.task }}"
+    task: str = TASK
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     model: Any = None  # each task's Recipe subclass gives these two sections their types
     data: Any = None

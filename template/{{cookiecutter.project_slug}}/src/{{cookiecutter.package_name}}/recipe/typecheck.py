@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import yaml
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
+from ..errors import RecipeError
 
 # The words of a recipe's command line that jsonargparse handles itself; `--print_config` may take a value.
 FILE_OPTION = "--config"

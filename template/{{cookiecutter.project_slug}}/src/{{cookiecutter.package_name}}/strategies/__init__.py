@@ -6,13 +6,13 @@ A new family is one module implementing `TrainingStrategy` (strategies/base.py),
 
 from __future__ import annotations
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.strategies.base import GpuRequirement, PlanOption, TrainingStrategy
-from {{ cookiecutter.package_name }}.strategies.ddp import DDP
-from {{ cookiecutter.package_name }}.strategies.deepspeed import DeepSpeed
-from {{ cookiecutter.package_name }}.strategies.fsdp import FSDP1
-from {{ cookiecutter.package_name }}.strategies.fsdp2 import FSDP2, HSDP
+from ..errors import RecipeError
+from ..recipe.schema import Recipe
+from .base import GpuRequirement, PlanOption, TrainingStrategy
+from .ddp import DDP
+from .deepspeed import DeepSpeed
+from .fsdp import FSDP1
+from .fsdp2 import FSDP2, HSDP
 
 __all__ = ["GpuRequirement", "PlanOption", "TrainingStrategy", "register", "strategy_class", "strategy_for"]
 

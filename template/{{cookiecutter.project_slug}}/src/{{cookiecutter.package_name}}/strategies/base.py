@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.tasks import Task, task_for
+from ..recipe.schema import Recipe
+from ..tasks import Task, task_for
 
 if TYPE_CHECKING:
     import torch
@@ -255,7 +255,7 @@ def prepare_blocks(model: Any, config: Any) -> Any:
     `model.blocks` is the repeated block every task's model exposes (tasks/base.py): the unit that is
     sharded, checkpointed and compiled.
     """
-    from {{ cookiecutter.package_name }}.strategies.checkpointing import checkpoint_block
+    from .checkpointing import checkpoint_block
 
     for index, block in enumerate(model.blocks):
         if config.activation_checkpointing and index % config.activation_checkpointing_every == 0:

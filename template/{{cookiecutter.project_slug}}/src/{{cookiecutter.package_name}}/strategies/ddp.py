@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from {{ cookiecutter.package_name }}.precision import torch_model_states
-from {{ cookiecutter.package_name }}.strategies.base import (
+from ..precision import torch_model_states
+from .base import (
     PlanOption,
     PlanSizes,
     PlanTerm,

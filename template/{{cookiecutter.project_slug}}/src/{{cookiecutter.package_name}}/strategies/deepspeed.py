@@ -13,10 +13,10 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.precision import MIXED
-from {{ cookiecutter.package_name }}.recipe.schema import DeepSpeedOptions
-from {{ cookiecutter.package_name }}.strategies.base import (
+from ..errors import RecipeError
+from ..precision import MIXED
+from ..recipe.schema import DeepSpeedOptions
+from .base import (
     GpuRequirement,
     MakeOptimizer,
     PlanOption,

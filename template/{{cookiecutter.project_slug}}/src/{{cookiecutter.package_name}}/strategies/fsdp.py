@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.schema import FsdpOptions
-from {{ cookiecutter.package_name }}.strategies.base import (
+from ..errors import RecipeError
+from ..recipe.schema import FsdpOptions
+from .base import (
     GpuRequirement,
     MakeOptimizer,
     PlanOption,

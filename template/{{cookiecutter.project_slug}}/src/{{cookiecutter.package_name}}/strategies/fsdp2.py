@@ -15,10 +15,10 @@ from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.precision import MIXED, torch_model_states
-from {{ cookiecutter.package_name }}.recipe.schema import Fsdp2Options
-from {{ cookiecutter.package_name }}.strategies.base import (
+from ..errors import RecipeError
+from ..precision import MIXED, torch_model_states
+from ..recipe.schema import Fsdp2Options
+from .base import (
     GpuRequirement,
     MakeOptimizer,
     PlanOption,
@@ -28,7 +28,7 @@ from {{ cookiecutter.package_name }}.strategies.base import (
     divisors,
     process_group_options,
 )
-from {{ cookiecutter.package_name }}.strategies.pipeline_checks import check_pipeline
+from .pipeline_checks import check_pipeline
 
 if TYPE_CHECKING:
     import torch
@@ -221,7 +221,7 @@ class FSDP2(TrainingStrategy):
         return {"name": self.name, "fsdp2": section}
 
     def fabric_strategy(self) -> Strategy:
-        from {{ cookiecutter.package_name }}.strategies.fully_shard import ModelParallel, parallelize, parallelize_pipeline
+        from .fully_shard import ModelParallel, parallelize, parallelize_pipeline
 
         # hsdp: one replica group per node, or under pipeline parallel per node of the nodes each stage spans.
         replicas = self.recipe.num_nodes // self.pipeline_parallel_size if self.hybrid else 1
@@ -238,7 +238,7 @@ class FSDP2(TrainingStrategy):
     def build_model(self, fabric: Fabric, pretrained: bool = False) -> nn.Module:
         if self.pipeline_parallel_size == 1:
             return super().build_model(fabric, pretrained)
-        from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineRank, build_stages, stage_indices, stage_split
+        from .pipeline import PipelineRank, build_stages, stage_indices, stage_split
 
         options = self.options
         mesh = fabric.strategy.device_mesh  # type: ignore[attr-defined]
@@ -255,7 +255,7 @@ class FSDP2(TrainingStrategy):
         return PipelineRank(parts)
 
     def setup(self, fabric: Fabric, model: nn.Module, make_optimizer: MakeOptimizer) -> tuple[Any, Any, Any]:
-        from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineRank, Schedule
+        from .pipeline import PipelineRank, Schedule
 
         # Checkpointing and compile are applied inside the parallelize_fn, between tensor parallel and sharding.
         model = fabric.setup_module(model)

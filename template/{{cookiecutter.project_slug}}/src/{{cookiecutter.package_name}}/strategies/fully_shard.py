@@ -20,11 +20,11 @@ from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
-from {{ cookiecutter.package_name }}.precision import mixed_precision_policy
-from {{ cookiecutter.package_name }}.recipe.schema import StrategyConfig
-from {{ cookiecutter.package_name }}.strategies.base import prepare_blocks
-from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineRank
-from {{ cookiecutter.package_name }}.strategies.pipeline_checks import ZERO_BUBBLE_SCHEDULES
+from ..precision import mixed_precision_policy
+from ..recipe.schema import StrategyConfig
+from .base import prepare_blocks
+from .pipeline import PipelineRank
+from .pipeline_checks import ZERO_BUBBLE_SCHEDULES
 
 
 class ModelParallel(ModelParallelStrategy):

@@ -24,11 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-# Schedules that hold exactly one stage per rank; the others (interleaved, zero-bubble) hold several.
-SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
-# Schedules that place a rank's two stages in a V: rank r holds stage r and stage 2p - 1 - r, so the first and
-# the last stage share a rank and the turn from forward to backward happens there without a send.
-V_SCHEDULES = ("ZBVZeroBubble",)
+from .pipeline_checks import EXACT_STAGES_PER_RANK, V_SCHEDULES
 
 
 class StageBlocks(nn.ModuleList):
@@ -191,7 +187,7 @@ class Schedule:
         schedule_class = get_schedule_class(schedule)
         # The loss below is already divided by the number of pieces: gradients are not scaled again.
         self.schedule = schedule_class(
-            pipeline_stages[0] if schedule in SINGLE_STAGE_SCHEDULES else pipeline_stages,
+            pipeline_stages[0] if EXACT_STAGES_PER_RANK.get(schedule) == 1 else pipeline_stages,  # GPipe, 1F1B
             n_microbatches=microbatches,
             loss_fn=self.piece_loss,
             scale_grads=False,

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.strategies.base import divisors
+from ..errors import RecipeError
+from .base import divisors
 
-# Stages per pipeline rank each schedule runs: exactly these (ZBV: two, in a V), or several (looped schedules).
+# Stages per pipeline rank each schedule runs: exactly these (ZBV: two, in a V), or for the looped schedules (rank r
+# holds stages r, r + pp, ...) at least these.
 EXACT_STAGES_PER_RANK = {"GPipe": 1, "1F1B": 1, "ZBVZeroBubble": 2}
-LOOPED_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble")
 LOOPED_MINIMUM = {"Interleaved1F1B": 2, "InterleavedZeroBubble": 1}
+# Schedules that place a rank's two stages in a V: rank r holds stage r and stage 2p - 1 - r, so the first and
+# the last stage share a rank and the turn from forward to backward happens there without a send.
+V_SCHEDULES = ("ZBVZeroBubble",)
 # Schedules that split each backward into its input half (sent back at once) and its weight half (run later, in
 # what would be the bubble). The weight half reads the stage's gathered weights, so under fully_shard a stage's
 # blocks stay gathered from forward to backward (fully_shard.py).
@@ -46,7 +49,7 @@ def check_pipeline(strategy: Any) -> None:
             f"{field}.pipeline_stages_per_rank={per_rank}: pipeline_schedule={schedule} holds {exact} per rank"
         )
     minimum = LOOPED_MINIMUM.get(schedule, 1)
-    if schedule in LOOPED_SCHEDULES and per_rank < minimum:
+    if per_rank < minimum:
         raise RecipeError(
             f"{field}.pipeline_stages_per_rank={per_rank}: pipeline_schedule={schedule} holds >= {minimum} per rank"
             " (or choose 1F1B)"
@@ -59,7 +62,7 @@ def check_pipeline(strategy: Any) -> None:
         )
     # The looped schedules feed the pieces in rounds of max(1, m // pp) (torch's rule): the rounds must divide m.
     rounds = max(1, microbatches // size)
-    if schedule in LOOPED_SCHEDULES and microbatches % rounds:
+    if schedule in LOOPED_MINIMUM and microbatches % rounds:
         allowed = [m for m in range(1, micro_batch_size + 1) if micro_batch_size % m == 0 == m % max(1, m // size)]
         raise RecipeError(
             f"{field}.pipeline_microbatches={microbatches}: pipeline_schedule={schedule} feeds the pieces in"

@@ -1,29 +1,31 @@
 """The tasks by name: `task:` in a recipe selects one.
 
-A new task is a package here implementing `Task` (tasks/base.py), with a `Recipe` subclass holding
-its `model:` and `data:` sections, and a line below (or a `register` call). A task's module is
-imported when a recipe asks for it, so a task that imports torch at the top costs nothing to the
-commands that check recipes of other tasks without torch.
+A task is a package here, found by its folder: tasks/<name>/task.py defines the `Task` subclass
+(tasks/base.py) whose `name` is <name>, with a `Recipe` subclass holding its `model:` and `data:`
+sections. Nothing outside the package names it. A task's module is imported when a recipe asks for
+it, so a task that imports torch at the top costs nothing to the commands that check recipes of
+other tasks without torch. `register` adds a task defined elsewhere (a plugin, a test).
 """
 
 from __future__ import annotations
 
 from importlib import import_module
+from pkgutil import iter_modules
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.tasks.base import ModelCost, Samples, Splits, Task
+from ..errors import RecipeError
+from ..recipe.schema import Recipe
+from .base import ModelCost, Samples, Splits, Task
 
-__all__ = ["ModelCost", "Samples", "Splits", "Task", "register", "task_class", "task_for"]
+__all__ = ["ModelCost", "Samples", "Splits", "Task", "register", "task_class", "task_for", "task_names"]
 
-# name -> the task class, or "module:Class" to import it on first use
-REGISTRY: dict[str, type[Task] | str] = {
-{%- if cookiecutter.task == "language_model" %}
-    "language_model": "{{ cookiecutter.package_name }}.tasks.language_model.task:LanguageModel",
-{%- else %}
-    "image_classification": "{{ cookiecutter.package_name }}.tasks.image_classification.task:ImageClassification",
-{%- endif %}
-}
+# Tasks registered by `register`, and those found under tasks/ once imported.
+REGISTRY: dict[str, type[Task]] = {}
+
+
+def task_names() -> list[str]:
+    """Every task there is: the packages under tasks/ (found without importing them) and the registered ones."""
+    found = [module.name for module in iter_modules(__path__) if module.ispkg]
+    return sorted({*found, *REGISTRY})
 
 
 def register(task: type[Task]) -> type[Task]:
@@ -33,14 +35,24 @@ def register(task: type[Task]) -> type[Task]:
 
 
 def task_class(name: str) -> type[Task]:
-    """The task registered as `name`; a RecipeError naming the registered ones otherwise."""
-    entry = REGISTRY.get(name)
-    if entry is None:
-        raise RecipeError(f"task={name!r} is not one of: {', '.join(REGISTRY)}")
-    if isinstance(entry, str):
-        module, _, attribute = entry.partition(":")
-        entry = REGISTRY[name] = getattr(import_module(module), attribute)
-    return entry
+    """The task named `name`; a RecipeError naming the tasks there are otherwise."""
+    if name in REGISTRY:
+        return REGISTRY[name]
+    if name not in task_names():
+        raise RecipeError(f"task={name!r} is not one of: {', '.join(task_names())}")
+    module = import_module(f"{__name__}.{name}.task")
+    classes = [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type) and issubclass(value, Task) and getattr(value, "name", None) == name
+    ]
+    if len(classes) != 1:
+        raise RecipeError(
+            f"task={name!r}: tasks/{name}/task.py must define one Task subclass with name = {name!r}"
+            f" (it defines {len(classes)})"
+        )
+    REGISTRY[name] = classes[0]
+    return classes[0]
 
 
 def task_for(recipe: Recipe) -> Task:

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from ..errors import RecipeError
+from ..recipe.schema import Recipe
 
 if TYPE_CHECKING:
     import torch

@@ -19,27 +19,27 @@ from functools import partial
 import torch
 from lightning.fabric import Fabric
 
-from {{ cookiecutter.package_name }}.checkpoint.io import Checkpointer
-from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_root
-from {{ cookiecutter.package_name }}.cluster.lifecycle import end_with_launcher
-from {{ cookiecutter.package_name }}.cluster.preemption import Preemption
-from {{ cookiecutter.package_name }}.data.sampler import Batch
-from {{ cookiecutter.package_name }}.errors import RecipeError, TrainingStopped, refuse_dashed_options, run_command
-from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.strategies import TrainingStrategy
-from {{ cookiecutter.package_name }}.tasks import Task
-from {{ cookiecutter.package_name }}.training.faults import fault_point, poison_loss
-from {{ cookiecutter.package_name }}.training.monitor import (
+from ..checkpoint.io import Checkpointer
+from ..checkpoint.layout import checkpoint_root
+from ..cluster.lifecycle import end_with_launcher
+from ..cluster.preemption import Preemption
+from ..data.sampler import Batch
+from ..errors import RecipeError, TrainingStopped, refuse_dashed_options, run_command
+from ..recipe.load import parse_recipe
+from ..recipe.schema import Recipe
+from ..strategies import TrainingStrategy
+from ..tasks import Task
+from .faults import fault_point, poison_loss
+from .monitor import (
     Monitor,
     finish_loggers,
     log_config,
     logger_location,
     upload_final_weights,
 )
-from {{ cookiecutter.package_name }}.training.profiling import StepProfiler
-from {{ cookiecutter.package_name }}.training.run import setup
-from {{ cookiecutter.package_name }}.training.step_decision import Update, decide, nonfinite_loss_stop
+from .profiling import StepProfiler
+from .run import setup
+from .step_decision import Update, decide, nonfinite_loss_stop
 
 
 def train(recipe: Recipe, preemption: Preemption | None = None) -> None:

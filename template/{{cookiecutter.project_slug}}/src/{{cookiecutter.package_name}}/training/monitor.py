@@ -36,13 +36,14 @@ from lightning.fabric.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from tqdm import tqdm
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.planner.hardware import peak_tflops
-from {{ cookiecutter.package_name }}.recipe.checks import wandb_has_credentials
-from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.training.memory import memory_gib
-from {{ cookiecutter.package_name }}.training.stragglers import RankTimes
+from ..errors import RecipeError
+from ..planner.hardware import peak_tflops
+from ..project import DEFAULT_LOGGER, PROJECT
+from ..recipe.checks import wandb_has_credentials
+from ..recipe.load import dump_recipe
+from ..recipe.schema import Recipe
+from .memory import memory_gib
+from .stragglers import RankTimes
 
 Item = TypeVar("Item")
 
@@ -71,7 +72,7 @@ def build_loggers(recipe: Recipe, run_id: str) -> list[Logger]:
     out_dir, config = Path(recipe.out_dir), recipe.logger
     if config.name in ("wandb", "tensorboard") and importlib.util.find_spec(config.name) is None:
         # The default logger's package is a dependency of the project; each other logger is an extra of its name.
-        install = config.name if config.name == "{{ cookiecutter.logger }}" else f'"{{ cookiecutter.project_slug }}[{config.name}]"'
+        install = config.name if config.name == DEFAULT_LOGGER else f'"{PROJECT}[{config.name}]"'
         raise RecipeError(f"logger.name={config.name} needs {config.name}: pip install {install} (or another logger)")
     if config.name == "wandb":
         # Lightning's own W&B logger works with Fabric (a Fabric logger underneath). It opens the run
@@ -137,8 +138,8 @@ def upload_final_weights(loggers: list[Logger], checkpoints: Path) -> None:
     The artifact is named after the run (`model-<run id>`) and carries the step and the resolved recipe;
     offline runs keep it until `wandb sync`. Consolidating reads the whole model into host memory.
     """
-    from {{ cookiecutter.package_name }}.checkpoint.layout import find_latest, read_meta
-    from {{ cookiecutter.package_name }}.checkpoint.load import consolidate
+    from ..checkpoint.layout import find_latest, read_meta
+    from ..checkpoint.load import consolidate
 
     latest = find_latest(checkpoints)
     wandb_loggers: list[Any] = [logger for logger in loggers if type(logger).__name__ == "WandbLogger"]

@@ -9,7 +9,7 @@ from functools import partial
 
 import torch
 
-from {{ cookiecutter.package_name }}.recipe.schema import TrainConfig
+from ..recipe.schema import TrainConfig
 
 FUSED_ADAMW_DEVICES = {"cuda", "cpu"}  # torch's fused AdamW kernels (torch >= 2.4 on CPU)
 

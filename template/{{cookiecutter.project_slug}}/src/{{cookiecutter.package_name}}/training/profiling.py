@@ -27,7 +27,7 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger
 
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from ..recipe.schema import Recipe
 
 MEMORY_VIZ = "https://pytorch.org/memory_viz"
 # Allocations the CUDA allocator's history keeps (torch's own example uses 100k).

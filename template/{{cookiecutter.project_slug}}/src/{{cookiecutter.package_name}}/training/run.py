@@ -17,22 +17,22 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import check_free_space, checkpoint_root, read_meta, resolve_resume
-from {{ cookiecutter.package_name }}.checkpoint.load import load_checkpoint, verified_resume
-from {{ cookiecutter.package_name }}.checkpoint.lock import lock_out_dir, out_dir_in_use
-from {{ cookiecutter.package_name }}.checkpoint.tensors import trained_part
-from {{ cookiecutter.package_name }}.cluster.launchers import check_launcher, launched_by_ray, start_processes
-from {{ cookiecutter.package_name }}.data.sampler import Batch, TrainBatches, validation_batches
-from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError, TrainingStopped
-from {{ cookiecutter.package_name }}.progress import working
-from {{ cookiecutter.package_name }}.recipe.checks import check_before_launch, check_hardware
-from {{ cookiecutter.package_name }}.recipe.load import dump_recipe
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.strategies import TrainingStrategy, strategy_for
-from {{ cookiecutter.package_name }}.tasks import Task, task_for
-from {{ cookiecutter.package_name }}.tasks.base import Benchmarks
-from {{ cookiecutter.package_name }}.training.monitor import build_loggers, new_run_id
-from {{ cookiecutter.package_name }}.training.optim import build_optimizer, build_scheduler
+from ..checkpoint.layout import check_free_space, checkpoint_root, read_meta, resolve_resume
+from ..checkpoint.load import load_checkpoint, verified_resume
+from ..checkpoint.lock import lock_out_dir, out_dir_in_use
+from ..checkpoint.tensors import trained_part
+from ..cluster.launchers import check_launcher, launched_by_ray, start_processes
+from ..data.sampler import Batch, TrainBatches, validation_batches
+from ..errors import ExitCode, RecipeError, TrainingStopped
+from ..progress import working
+from ..recipe.checks import check_before_launch, check_hardware
+from ..recipe.load import dump_recipe
+from ..recipe.schema import Recipe
+from ..strategies import TrainingStrategy, strategy_for
+from ..tasks import Task, task_for
+from ..tasks.base import Benchmarks
+from .monitor import build_loggers, new_run_id
+from .optim import build_optimizer, build_scheduler
 
 
 @dataclass
@@ -102,7 +102,7 @@ def build_fabric(recipe: Recipe, strategy: TrainingStrategy, loggers: list[Logge
     # taken as Ray gave them, and each logging step is reported to Ray too (cluster/ray_worker.py).
     environment = None
     if launched_by_ray():
-        from {{ cookiecutter.package_name }}.cluster.ray_worker import RayReport, RayTrainEnvironment
+        from ..cluster.ray_worker import RayReport, RayTrainEnvironment
 
         environment, loggers = RayTrainEnvironment(), [*loggers, RayReport()]
     return Fabric(

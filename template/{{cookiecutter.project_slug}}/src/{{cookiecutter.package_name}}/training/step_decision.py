@@ -18,7 +18,7 @@ from typing import cast
 import torch
 from lightning.fabric import Fabric
 
-from {{ cookiecutter.package_name }}.errors import ExitCode, TrainingStopped
+from ..errors import ExitCode, TrainingStopped
 
 
 class Update(Enum):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from ...recipe.schema import Recipe
 
 
 @dataclass

@@ -19,10 +19,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from {{ cookiecutter.package_name }}.data.shards import hashed_here
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.image_classification.config import ImageDataConfig, ViTConfig
-from {{ cookiecutter.package_name }}.tasks.image_classification.prepare import (
+from ...data.shards import hashed_here
+from ...errors import RecipeError
+from .config import ImageDataConfig, ViTConfig
+from .prepare import (
     DIGITS_SPLIT_SEED,
     LABEL_DTYPE,
     SPLITS,

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_recipe, new_partial
-from {{ cookiecutter.package_name }}.checkpoint.tensors import checkpoint_tensor_reader, write_safetensors
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.progress import counted
-from {{ cookiecutter.package_name }}.tasks.image_classification.config import ViTConfig
-from {{ cookiecutter.package_name }}.tasks.image_classification.hf import (
+from ...checkpoint.layout import checkpoint_recipe, new_partial
+from ...checkpoint.tensors import checkpoint_tensor_reader, write_safetensors
+from ...errors import RecipeError
+from ...progress import counted
+from .config import ViTConfig
+from .hf import (
     ARCHITECTURE,
     CONFIG,
     PREPROCESSOR_CONFIG,

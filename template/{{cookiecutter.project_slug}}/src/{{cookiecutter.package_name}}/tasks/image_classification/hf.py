@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from {{ cookiecutter.package_name }}.tasks.image_classification.config import ViTConfig
+from .config import ViTConfig
 
 ARCHITECTURE = "ViTForImageClassification"
 CONFIG = "config.json"

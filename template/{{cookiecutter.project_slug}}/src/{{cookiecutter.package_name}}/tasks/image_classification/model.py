@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
-from {{ cookiecutter.package_name }}.tasks.image_classification.config import ViTConfig
+from .config import ViTConfig
 
 
 class SelfAttention(nn.Module):

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import resolve_checkpoint
-from {{ cookiecutter.package_name }}.checkpoint.tensors import load_model
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.image_classification.data import normalise
-from {{ cookiecutter.package_name }}.tasks.image_classification.prepare import class_names, decode_image
+from ...checkpoint.layout import resolve_checkpoint
+from ...checkpoint.tensors import load_model
+from ...errors import RecipeError
+from .data import normalise
+from .prepare import class_names, decode_image
 
 
 def predict(checkpoint: str, images: list[str], top: int = 3) -> list[tuple[str, list[tuple[str, float]]]]:

@@ -38,11 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import new_partial
-from {{ cookiecutter.package_name }}.cluster.lifecycle import end_with_parent
-from {{ cookiecutter.package_name }}.data.shards import MANIFEST, Listed, check_files, load_manifest
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.image_classification.config import ImageDataConfig, ViTConfig
+from ...checkpoint.layout import new_partial
+from ...cluster.lifecycle import end_with_parent
+from ...data.shards import MANIFEST, Listed, check_files, load_manifest
+from ...errors import RecipeError
+from .config import ImageDataConfig, ViTConfig
 
 FORMAT = 1
 KIND = "images"  # a token folder of the language model has a manifest too

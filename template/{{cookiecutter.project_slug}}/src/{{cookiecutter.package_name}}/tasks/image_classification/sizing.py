@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from {{ cookiecutter.package_name }}.precision import MIXED, activation_bytes
-from {{ cookiecutter.package_name }}.tasks.base import Activations
-from {{ cookiecutter.package_name }}.tasks.image_classification.config import ViTConfig
+from ...precision import MIXED, activation_bytes
+from ..base import Activations
+from .config import ViTConfig
 
 
 @dataclass(frozen=True)

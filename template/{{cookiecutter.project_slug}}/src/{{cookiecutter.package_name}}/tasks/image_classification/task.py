@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.base import ModelCost, Splits, Task
-from {{ cookiecutter.package_name }}.tasks.image_classification.config import ImageClassificationRecipe
-from {{ cookiecutter.package_name }}.tasks.image_classification.prepare import check_data, describe_prepared  # numpy, no torch
+from ...errors import RecipeError
+from ..base import ModelCost, Splits, Task
+from .config import ImageClassificationRecipe
+from .prepare import check_data, describe_prepared  # numpy, no torch
 
 if TYPE_CHECKING:
     import torch
@@ -34,15 +34,15 @@ class ImageClassification(Task):
     recipe_type = ImageClassificationRecipe
     unit = "image"
     commands: ClassVar[dict[str, str]] = {
-        "prepare": "{{ cookiecutter.package_name }}.tasks.image_classification.commands.prepare",
-        "predict": "{{ cookiecutter.package_name }}.tasks.image_classification.commands.predict",
-        "export": "{{ cookiecutter.package_name }}.tasks.image_classification.commands.export",
+        "prepare": f"{__package__}.commands.prepare",
+        "predict": f"{__package__}.commands.predict",
+        "export": f"{__package__}.commands.export",
     }
     recipe: ImageClassificationRecipe
 
     @classmethod
     def verify_prepared(cls, folder: Path) -> str:
-        from {{ cookiecutter.package_name }}.tasks.image_classification.prepare import describe_folder, read_manifest, verify
+        from .prepare import describe_folder, read_manifest, verify
 
         verify(folder, read_manifest(folder, "PATH"), checksums=True, field="PATH")
         return describe_folder(folder)
@@ -70,12 +70,12 @@ class ImageClassification(Task):
         return {f"model.{key}": size for key, size in self.recipe.model.tensor_parallel_dimensions().items()}
 
     def model_cost(self) -> ModelCost:
-        from {{ cookiecutter.package_name }}.tasks.image_classification.sizing import ViTShape
+        from .sizing import ViTShape
 
         return ViTShape(self.recipe.model)
 
     def reference_model(self, parameters: float) -> dict[str, Any]:
-        from {{ cookiecutter.package_name }}.tasks.image_classification.sizing import reference_model
+        from .sizing import reference_model
 
         # A reference ViT takes 224x224 RGB images: planned as trained on a prepared folder (plan reads no data).
         fields = {f"model.{key}": value for key, value in reference_model(parameters).items()}
@@ -90,12 +90,12 @@ class ImageClassification(Task):
         return RESUMABLE_MODEL_CHANGES
 
     def build_model(self) -> nn.Module:
-        from {{ cookiecutter.package_name }}.tasks.image_classification.model import ViT
+        from .model import ViT
 
         return ViT(self.recipe.model)
 
     def datasets(self) -> Splits:
-        from {{ cookiecutter.package_name }}.tasks.image_classification.data import load_splits
+        from .data import load_splits
 
         train, validation = load_splits(self.recipe.data, self.recipe.model, self.recipe.train.seed)
         return Splits(train, validation)

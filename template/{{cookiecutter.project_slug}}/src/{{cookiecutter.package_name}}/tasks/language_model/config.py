@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from {{ cookiecutter.package_name }}.recipe.schema import EvalConfig, Recipe
+from ...recipe.schema import EvalConfig, Recipe
 
 
 @dataclass

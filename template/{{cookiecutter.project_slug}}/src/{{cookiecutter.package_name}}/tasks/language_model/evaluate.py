@@ -23,9 +23,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.progress import counted
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
+from ...errors import RecipeError
+from ...progress import counted
+from ...recipe.schema import Recipe
 
 RESULTS_SUFFIX = ".eval.json"  # step-00000100.eval.json beside checkpoints/step-00000100
 
@@ -113,7 +113,7 @@ def project_lm(
     from lm_eval.api.model import TemplateLM
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-    from {{ cookiecutter.package_name }}.tasks.language_model.sample import text_codec
+    from .sample import text_codec
 
     encode, decode, eos_id = text_codec(recipe)
     block_size = recipe.model.block_size
@@ -261,7 +261,7 @@ def evaluate_checkpoint(
 ) -> tuple[dict[str, Any], Path]:
     """Evaluate a checkpoint's model (sharded or whole, read directly; one process) on lm-eval tasks and write the
     results as JSON beside it; (the results, the file written)."""
-    from {{ cookiecutter.package_name }}.checkpoint.tensors import load_model
+    from ...checkpoint.tensors import load_model
 
     if batch_size < 1:
         raise RecipeError(f"--batch_size {batch_size} must be >= 1")
@@ -299,7 +299,7 @@ class TrainingEvaluation:
 
     def run(self, fabric: Any, model: Any) -> dict[str, float]:
         """The tasks' scores ({"<task>/<metric>": value}) of the model now; training's random streams untouched."""
-        from {{ cookiecutter.package_name }}.checkpoint.rng import rng_state, set_rng_state
+        from ...checkpoint.rng import rng_state, set_rng_state
 
         saved = rng_state()
         model.eval()

@@ -18,14 +18,14 @@ from typing import Any, cast
 
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_recipe, new_partial
-from {{ cookiecutter.package_name }}.checkpoint.tensors import DEFAULT_SHARD_BYTES, checkpoint_tensor_reader, write_safetensors
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.progress import counted
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.tasks.language_model.config import LanguageModelRecipe
-from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import MANIFEST, TOKENIZER
-from {{ cookiecutter.package_name }}.tasks.language_model.hf import CONFIG, export_problem, hf_config, hf_tensors
+from ...checkpoint.layout import checkpoint_recipe, new_partial
+from ...checkpoint.tensors import DEFAULT_SHARD_BYTES, checkpoint_tensor_reader, write_safetensors
+from ...errors import RecipeError
+from ...progress import counted
+from ...recipe.schema import Recipe
+from .config import LanguageModelRecipe
+from .data.prepared import MANIFEST, TOKENIZER
+from .hf import CONFIG, export_problem, hf_config, hf_tensors
 
 
 def hf_weights(
@@ -44,8 +44,8 @@ def copy_tokenizer(recipe: Recipe, folder: Path) -> int | None:
     """Copy the prepared folder's tokenizer (if the run trained on one and it is there); its EOS id, or None."""
     if recipe.data.source != "prepared" or not recipe.data.path:
         return None
-    from {{ cookiecutter.package_name }}.data.remote import is_url
-    from {{ cookiecutter.package_name }}.tasks.language_model.data.sources import prepared_tokenizer
+    from ...data.remote import is_url
+    from .data.sources import prepared_tokenizer
 
     prepared = Path(recipe.data.path)
     if is_url(recipe.data.path):  # a remote folder's tokenizer comes through its cache
@@ -81,7 +81,7 @@ def export_hf(path: Path, out_dir: Path, max_shard_bytes: int = DEFAULT_SHARD_BY
         raise RecipeError(f"--max_shard_bytes={max_shard_bytes} must be >= 1")
     names, read = checkpoint_tensor_reader(path)
     if recipe.lora.rank:  # the checkpoint holds adapters: merged into init_from's weights
-        from {{ cookiecutter.package_name }}.tasks.language_model.lora import merged_reader
+        from .lora import merged_reader
 
         names, read = merged_reader(recipe, names, read)
     partial = new_partial(out_dir)
@@ -98,7 +98,7 @@ def export_hf(path: Path, out_dir: Path, max_shard_bytes: int = DEFAULT_SHARD_BY
 
 def export_adapters(path: Path, out_dir: Path) -> dict[str, Any]:
     """Write a LoRA checkpoint's adapters as a peft adapter folder (to OUT.partial, renamed when done)."""
-    from {{ cookiecutter.package_name }}.tasks.language_model.lora import write_adapter_folder
+    from .lora import write_adapter_folder
 
     recipe = cast(LanguageModelRecipe, checkpoint_recipe(path))
     if not recipe.lora.rank:

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import INDEX, SINGLE_FILE
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
-from {{ cookiecutter.package_name }}.tasks.language_model.families import family_part
+from ...checkpoint.layout import INDEX, SINGLE_FILE
+from ...errors import RecipeError
+from .config import ModelConfig
+from .families import family_part
 
 if TYPE_CHECKING:
     import torch

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.language_model.config import LORA_TARGETS, LanguageModelRecipe, LoraConfig, ModelConfig
+from ...errors import RecipeError
+from .config import LORA_TARGETS, LanguageModelRecipe, LoraConfig, ModelConfig
 
 if TYPE_CHECKING:
     import torch
@@ -109,7 +109,7 @@ def merged_reader(
 
     targets = recipe.lora.targets(recipe.model.arch)
     if recipe.model.init_from is not None:
-        from {{ cookiecutter.package_name }}.tasks.language_model.hf import pretrained_reader
+        from .hf import pretrained_reader
 
         base_names, read_base = pretrained_reader(recipe.model)
     else:
@@ -139,7 +139,7 @@ def write_adapter_folder(
     from peft import LoraConfig as PeftLoraConfig
     from safetensors.torch import save_file
 
-    from {{ cookiecutter.package_name }}.tasks.language_model.hf import hf_tensors
+    from .hf import hf_tensors
 
     if recipe.model.init_from is None:
         raise RecipeError("export --format peft writes adapters for the base of model.init_from; this run had none")

@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import resolve_checkpoint
-from {{ cookiecutter.package_name }}.checkpoint.tensors import load_model
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.tasks.language_model.families.kv_cache import KVCache, new_caches
+from ...checkpoint.layout import resolve_checkpoint
+from ...checkpoint.tensors import load_model
+from ...errors import RecipeError
+from ...recipe.schema import Recipe
+from .families.kv_cache import KVCache, new_caches
 
 
 def text_codec(recipe: Recipe) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str], int | None]:
@@ -26,8 +26,8 @@ def text_codec(recipe: Recipe) -> tuple[Callable[[str], list[int]], Callable[[li
     if recipe.data.source in ("embedded", "text"):
         return (lambda text: list(text.encode("utf-8"))), _decode_bytes, None
     if recipe.data.source == "prepared":
-        from {{ cookiecutter.package_name }}.tasks.language_model.data.sources import prepared_tokenizer
-        from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import load_tokenizer
+        from .data.sources import prepared_tokenizer
+        from .data.tokenizer import load_tokenizer
 
         path, manifest = prepared_tokenizer(recipe.data, field="the checkpoint's data.path")  # fetched if remote
         tokenizer = load_tokenizer(path, option="tokenizer")

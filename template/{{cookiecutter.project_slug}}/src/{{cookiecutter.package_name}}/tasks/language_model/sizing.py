@@ -39,9 +39,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from {{ cookiecutter.package_name }}.precision import HALF_TRUE, MIXED, activation_bytes
-from {{ cookiecutter.package_name }}.tasks.base import Activations
-from {{ cookiecutter.package_name }}.tasks.language_model.families import family_part
+from ...precision import HALF_TRUE, MIXED, activation_bytes
+from ..base import Activations
+from .families import family_part
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.base import Benchmarks, ModelCost, Splits, Task
-from {{ cookiecutter.package_name }}.tasks.language_model.config import (
+from ...errors import RecipeError
+from ..base import Benchmarks, ModelCost, Splits, Task
+from .config import (
     ARCH_ONLY_FIELDS,
     LanguageModelEvalConfig,
     LanguageModelRecipe,
     ModelConfig,
 )
-from {{ cookiecutter.package_name }}.tasks.language_model.lora import check_lora
+from .lora import check_lora
 
 if TYPE_CHECKING:
     import torch
@@ -39,10 +39,10 @@ class LanguageModel(Task):
     recipe_type = LanguageModelRecipe
     unit = "token"
     commands: ClassVar[dict[str, str]] = {
-        "prepare": "{{ cookiecutter.package_name }}.tasks.language_model.commands.prepare",
-        "sample": "{{ cookiecutter.package_name }}.tasks.language_model.commands.sample",
-        "export": "{{ cookiecutter.package_name }}.tasks.language_model.commands.export",
-        "evaluate": "{{ cookiecutter.package_name }}.tasks.language_model.commands.evaluate",
+        "prepare": f"{__package__}.commands.prepare",
+        "sample": f"{__package__}.commands.sample",
+        "export": f"{__package__}.commands.export",
+        "evaluate": f"{__package__}.commands.evaluate",
     }
     recipe: LanguageModelRecipe
 
@@ -58,7 +58,7 @@ class LanguageModel(Task):
 
     @classmethod
     def verify_prepared(cls, folder: Path) -> str:
-        from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import describe_folder, read_manifest, verify
+        from .data.prepared import describe_folder, read_manifest, verify
 
         verify(folder, read_manifest(folder, "PATH"), checksums=True, field="PATH")
         return describe_folder(folder)
@@ -105,7 +105,7 @@ class LanguageModel(Task):
     def checkpointed_parameters(self) -> int | None:
         if not self.frozen_from_pretrained():
             return None
-        from {{ cookiecutter.package_name }}.tasks.language_model.lora import adapter_parameters
+        from .lora import adapter_parameters
 
         return adapter_parameters(self.recipe)
 
@@ -113,19 +113,19 @@ class LanguageModel(Task):
         return self.recipe.model.block_size
 
     def model_cost(self) -> ModelCost:
-        from {{ cookiecutter.package_name }}.tasks.language_model.sizing import model_shape
+        from .sizing import model_shape
 
         return model_shape(self.recipe.model)
 
     def reference_model(self, parameters: float) -> dict[str, Any]:
-        from {{ cookiecutter.package_name }}.tasks.language_model.sizing import reference_model
+        from .sizing import reference_model
 
         return {f"model.{key}": value for key, value in reference_model(parameters).items()}
 
     def describe(self) -> str | None:
         if self.recipe.data.source != "prepared":
             return None
-        from {{ cookiecutter.package_name }}.tasks.language_model.data.sources import describe_prepared  # numpy only
+        from .data.sources import describe_prepared  # numpy only
 
         return describe_prepared(self.recipe.data, self.recipe.model)
 
@@ -133,11 +133,11 @@ class LanguageModel(Task):
         return RESUMABLE_MODEL_CHANGES
 
     def build_model(self) -> nn.Module:
-        from {{ cookiecutter.package_name }}.tasks.language_model.families import build_model
+        from .families import build_model
 
         model = build_model(self.recipe.model)
         if self.recipe.lora.rank:  # adapters in, base frozen: before any strategy wraps the model
-            from {{ cookiecutter.package_name }}.tasks.language_model.lora import inject_adapters
+            from .lora import inject_adapters
 
             model = inject_adapters(model, self.recipe.lora, self.recipe.lora.targets(self.recipe.model.arch))
         return model
@@ -146,12 +146,12 @@ class LanguageModel(Task):
         return self.recipe.model.init_from
 
     def pretrained_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        from {{ cookiecutter.package_name }}.tasks.language_model.hf import pretrained_tensors
+        from .hf import pretrained_tensors
 
         tensors = pretrained_tensors(self.recipe.model)
         if not self.recipe.lora.rank:
             return tensors
-        from {{ cookiecutter.package_name }}.tasks.language_model.lora import adapted_name
+        from .lora import adapted_name
 
         targets = self.recipe.lora.targets(self.recipe.model.arch)
         return ((adapted_name(name, targets), tensor) for name, tensor in tensors)
@@ -160,8 +160,8 @@ class LanguageModel(Task):
         return self.recipe.lora.rank > 0 and self.recipe.model.init_from is not None
 
     def datasets(self) -> Splits:
-        from {{ cookiecutter.package_name }}.tasks.language_model.data import load_splits
-        from {{ cookiecutter.package_name }}.tasks.language_model.data.windows import TokenWindows
+        from .data import load_splits
+        from .data.windows import TokenWindows
 
         if self.recipe.data.format == "sft":
             return self._example_datasets()
@@ -173,8 +173,8 @@ class LanguageModel(Task):
 
     def _example_datasets(self) -> Splits:
         """data.format=sft: chat examples in sequences of block_size, packed or one a sequence (data/sft.py)."""
-        from {{ cookiecutter.package_name }}.tasks.language_model.data.sft import ExampleSequences
-        from {{ cookiecutter.package_name }}.tasks.language_model.data.sources import load_example_splits
+        from .data.sft import ExampleSequences
+        from .data.sources import load_example_splits
 
         data, block_size = self.recipe.data, self.recipe.model.block_size
         train, validation = load_example_splits(data, self.recipe.model)
@@ -251,12 +251,12 @@ class LanguageModel(Task):
     def benchmarks(self) -> Benchmarks | None:
         if not self.recipe.eval.tasks:
             return None
-        from {{ cookiecutter.package_name }}.tasks.language_model.evaluate import TrainingEvaluation
+        from .evaluate import TrainingEvaluation
 
         return TrainingEvaluation(self.recipe)
 
     def flops_per_unit(self) -> float:
-        from {{ cookiecutter.package_name }}.tasks.language_model.families import training_flops_per_token
+        from .families import training_flops_per_token
 
         return float(training_flops_per_token(self.recipe.model))
 
@@ -310,6 +310,6 @@ def check_model(model: ModelConfig) -> None:
     if not model.rope_theta > 0 or not model.norm_eps > 0:
         raise RecipeError("model.rope_theta and model.norm_eps must be > 0")
     if model.init_from is not None:
-        from {{ cookiecutter.package_name }}.tasks.language_model.hf import check_init_from  # reads JSON only: no torch
+        from .hf import check_init_from  # reads JSON only: no torch
 
         check_init_from(model)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import checkpoint_recipe, resolve_checkpoint
-from {{ cookiecutter.package_name }}.commands import parse_arguments
+from ....checkpoint.layout import checkpoint_recipe, resolve_checkpoint
+from ....commands import parse_arguments
 
 HELP = "Checkpoint -> transformers' from_pretrained folder (ViTForImageClassification)."
 
@@ -25,8 +25,8 @@ def run(argv: list[str], prog: str) -> None:
     """Write a checkpoint as a Hugging Face model folder and say how to load it."""
     args = parse_arguments(prog, "export", add_arguments, argv)
     path = resolve_checkpoint(args.checkpoint)
-    from {{ cookiecutter.package_name }}.tasks.image_classification.export import export_hf  # imports torch
-    from {{ cookiecutter.package_name }}.tasks.image_classification.prepare import class_names
+    from ..export import export_hf  # imports torch
+    from ..prepare import class_names
 
     labels = class_names(checkpoint_recipe(path).data)
     done = export_hf(path, Path(args.out_dir), args.max_shard_bytes, labels)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.commands import parse_arguments
+from ....commands import parse_arguments
 
 HELP = "Print the top classes a checkpoint's model gives image files."
 
@@ -20,7 +20,7 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
 def run(argv: list[str], prog: str) -> None:
     """Print each image's most likely classes and their probabilities."""
     args = parse_arguments(prog, "predict", add_arguments, argv)
-    from {{ cookiecutter.package_name }}.tasks.image_classification.predict import predict  # imports torch
+    from ..predict import predict  # imports torch
 
     for image, top in predict(args.checkpoint, args.images, args.top):
         print(f"{image}: " + ", ".join(f"{label} {probability:.3f}" for label, probability in top))

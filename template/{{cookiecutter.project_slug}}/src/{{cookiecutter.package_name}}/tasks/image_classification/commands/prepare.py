@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.commands import parse_arguments
+from ....commands import parse_arguments
 
 HELP = "Image folder -> uint8 image shards (data.source=prepared)."
 
@@ -24,7 +24,7 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
 def run(argv: list[str], prog: str) -> None:
     """Prepare an image folder and say how to train on it."""
     args = parse_arguments(prog, "prepare", add_arguments, argv)
-    from {{ cookiecutter.package_name }}.tasks.image_classification.prepare import prepare_images  # numpy, Pillow
+    from ..prepare import prepare_images  # numpy, Pillow
 
     manifest = prepare_images(
         args.folder, args.out, args.image_size, args.channels, args.val_fraction, args.shard_images, args.workers

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import resolve_checkpoint
-from {{ cookiecutter.package_name }}.commands import parse_arguments
+from ....checkpoint.layout import resolve_checkpoint
+from ....commands import parse_arguments
 
 HELP = "Score a checkpoint on lm-evaluation-harness tasks."
 
@@ -32,7 +32,7 @@ def run(argv: list[str], prog: str) -> None:
     """Evaluate a checkpoint, print each task's scores and where the results are."""
     args = parse_arguments(prog, "evaluate", add_arguments, argv)
     path = resolve_checkpoint(args.checkpoint)
-    from {{ cookiecutter.package_name }}.tasks.language_model.evaluate import evaluate_checkpoint, scores  # imports torch
+    from ..evaluate import evaluate_checkpoint, scores  # imports torch
 
     results, written = evaluate_checkpoint(
         path,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import resolve_checkpoint
-from {{ cookiecutter.package_name }}.commands import parse_arguments
+from ....checkpoint.layout import resolve_checkpoint
+from ....commands import parse_arguments
 
 HELP = "Checkpoint -> transformers' from_pretrained folder (or a peft adapter folder)."
 
@@ -32,7 +32,7 @@ def run(argv: list[str], prog: str) -> None:
     args = parse_arguments(prog, "export", add_arguments, argv)
     path = resolve_checkpoint(args.checkpoint)
     if args.format == "peft":
-        from {{ cookiecutter.package_name }}.tasks.language_model.export import export_adapters  # imports torch
+        from ..export import export_adapters  # imports torch
 
         adapters = export_adapters(path, Path(args.out_dir))
         print(
@@ -42,7 +42,7 @@ def run(argv: list[str], prog: str) -> None:
         base = f"transformers.AutoModelForCausalLM.from_pretrained('{adapters['base']}')"
         print(f"Load: peft.PeftModel.from_pretrained({base}, '{args.out_dir}')")
         return
-    from {{ cookiecutter.package_name }}.tasks.language_model.export import export_hf  # imports torch
+    from ..export import export_hf  # imports torch
 
     done = export_hf(path, Path(args.out_dir), args.max_shard_bytes)
     tokenizer = ", tokenizer" if done["tokenizer"] else ""

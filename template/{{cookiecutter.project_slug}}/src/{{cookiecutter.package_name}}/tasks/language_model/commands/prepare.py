@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.commands import parse_arguments
+from ....commands import parse_arguments
 
 HELP = "Text -> token shards (data.source=prepared)."
 
@@ -48,7 +48,7 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
 def run(argv: list[str], prog: str) -> None:
     """Tokenize the inputs into a prepared folder and say how to train on it."""
     args = parse_arguments(prog, "prepare", add_arguments, argv)
-    from {{ cookiecutter.package_name }}.tasks.language_model.data.prepare import prepare  # imports tokenizers and numpy, not torch
+    from ..data.prepare import prepare  # imports tokenizers and numpy, not torch
 
     manifest = prepare(
         args.inputs, args.out, args.tokenizer, args.train_tokenizer, args.text_field, args.val_fraction,

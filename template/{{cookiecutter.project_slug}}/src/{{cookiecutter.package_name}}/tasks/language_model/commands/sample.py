@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jsonargparse import ArgumentParser
 
-from {{ cookiecutter.package_name }}.commands import parse_arguments
+from ....commands import parse_arguments
 
 HELP = "Print what a checkpoint's model writes after a prompt."
 
@@ -23,6 +23,6 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
 def run(argv: list[str], prog: str) -> None:
     """Print a checkpoint's continuation of a prompt."""
     args = parse_arguments(prog, "sample", add_arguments, argv)
-    from {{ cookiecutter.package_name }}.tasks.language_model.sample import sample  # imports torch
+    from ..sample import sample  # imports torch
 
     print(sample(args.checkpoint, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed))

@@ -1,6 +1,6 @@
 """The language model's data: token sources (embedded, text, tokens, prepared shards), `prepare`, tokenizers."""
 
-from {{ cookiecutter.package_name }}.tasks.language_model.data.sources import (
+from .sources import (
     load_splits,
     load_tokens,
     make_demo_text,

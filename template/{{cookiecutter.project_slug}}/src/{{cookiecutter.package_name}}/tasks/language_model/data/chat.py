@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
+from ....errors import RecipeError
 
 ROLES = ("system", "user", "assistant")
 PLAIN = "plain"  # --chat_template plain: the template above, whatever the tokenizer holds

@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.language_model.data.inputs import Progress, Source, iter_documents
-from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import ShardWriter
-from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import batches, encode_documents
+from ....errors import RecipeError
+from ....project import PROJECT
+from .inputs import Progress, Source, iter_documents
+from .prepared import ShardWriter
+from .tokenizer import batches, encode_documents
 
 
 def require_ray() -> None:
@@ -35,7 +36,7 @@ def require_ray() -> None:
         import ray  # noqa: F401
     except ImportError:
         raise RecipeError(
-            "--engine ray needs Ray, which is not installed here (pip install '{{ cookiecutter.project_slug }}[ray]')"
+            f"--engine ray needs Ray, which is not installed here (pip install '{PROJECT}[ray]')"
         ) from None
 
 

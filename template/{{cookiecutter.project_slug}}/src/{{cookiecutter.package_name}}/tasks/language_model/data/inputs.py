@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
+from ....errors import RecipeError
 
 FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
 SAVED_STATE, SAVED_SPLITS = "state.json", "dataset_dict.json"  # a save_to_disk Dataset's, a DatasetDict's

@@ -38,11 +38,11 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from {{ cookiecutter.package_name }}.checkpoint.layout import new_partial
-from {{ cookiecutter.package_name }}.cluster.lifecycle import end_with_parent
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.language_model.data.chat import ChatTemplate, find_chat_template
-from {{ cookiecutter.package_name }}.tasks.language_model.data.inputs import (
+from ....checkpoint.layout import new_partial
+from ....cluster.lifecycle import end_with_parent
+from ....errors import RecipeError
+from .chat import ChatTemplate, find_chat_template
+from .inputs import (
     Progress,
     Source,
     check_text_field,
@@ -50,7 +50,7 @@ from {{ cookiecutter.package_name }}.tasks.language_model.data.inputs import (
     first_line,
     iter_documents,
 )
-from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import (
+from .prepared import (
     FORMAT,
     MANIFEST,
     TOKENIZER,
@@ -59,8 +59,8 @@ from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import (
     count_token,
     validation_boundary,
 )
-from {{ cookiecutter.package_name }}.tasks.language_model.data.sft import rendered_texts, sft_manifest, write_examples
-from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import (
+from .sft import rendered_texts, sft_manifest, write_examples
+from .tokenizer import (
     EOS_TOKEN,
     batches,
     encode_documents,
@@ -171,7 +171,7 @@ def prepare(
     if engine == "ray":
         if workers is not None:
             raise RecipeError("--workers counts the processes of --engine local; with --engine ray, use --tasks")
-        from {{ cookiecutter.package_name }}.tasks.language_model.data.distributed import require_ray
+        from .distributed import require_ray
 
         require_ray()
     elif tasks is not None:
@@ -341,7 +341,7 @@ def _write_folder(
     progress = Progress(sum(source.size for source in sources), enabled=show_progress)
     try:
         if parallel.engine == "ray":
-            from {{ cookiecutter.package_name }}.tasks.language_model.data.distributed import encode_with_ray
+            from .distributed import encode_with_ray
 
             encode_with_ray(sources, text_field, tokenizer, eos, writer, parallel.tasks, progress)
         else:

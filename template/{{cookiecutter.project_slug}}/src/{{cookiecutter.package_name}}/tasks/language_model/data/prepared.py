@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from {{ cookiecutter.package_name }}.data.shards import MANIFEST, Listed, check_files, load_manifest
-from {{ cookiecutter.package_name }}.errors import RecipeError
+from ....data.shards import MANIFEST, Listed, check_files, load_manifest
+from ....errors import RecipeError
 
 TOKENIZER = "tokenizer.json"
 FORMAT = 1
@@ -211,7 +211,7 @@ def open_remote(
     """A prepared folder at a URL: its tokens read through a node-local cache (data/remote.py), its manifest, and
     the local copy of its tokenizer. Checked first: the manifest, every shard's size (one listing) and the cache's
     room for the shards the order reads at once."""
-    from {{ cookiecutter.package_name }}.data.remote import CachedShards, ShardCache
+    from ....data.remote import CachedShards, ShardCache
 
     cache = ShardCache(url, cache_dir, int(cache_gb * 1e9), field)
     manifest = read_manifest(cache.fetch_small(MANIFEST).parent, field)
@@ -240,7 +240,7 @@ def open_remote(
 
 def remote_tokenizer(url: str, cache_dir: Path, field: str = "data.path") -> tuple[Path, dict[str, Any]]:
     """The local copy of a remote prepared folder's tokenizer (fetched into its cache, checked), and its manifest."""
-    from {{ cookiecutter.package_name }}.data.remote import ShardCache
+    from ....data.remote import ShardCache
 
     cache = ShardCache(url, cache_dir, bound_bytes=1 << 62, field=field)  # adds one small file: evicts nothing
     manifest = read_manifest(cache.fetch_small(MANIFEST).parent, field)

@@ -30,13 +30,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.language_model.data.chat import (
+from ....errors import RecipeError
+from .chat import (
     ChatTemplate,
     encode_conversation,
     read_conversations,
 )
-from {{ cookiecutter.package_name }}.tasks.language_model.data.inputs import Progress, Source
+from .inputs import Progress, Source
 
 IGNORE_INDEX = -100  # targets that do not count: F.cross_entropy's default ignore_index
 PAD_ID = 0  # input id of padding positions (never a target)
@@ -191,7 +191,7 @@ def sft_manifest(
 
 def open_examples(folder: Path, manifest: dict[str, Any], tokens: Any, field: str = "data.path") -> Examples:
     """The examples of a prepared SFT folder (its files checked by prepared.verify)."""
-    from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import ShardedTokens
+    from .prepared import ShardedTokens
 
     section = manifest.get("sft")
     if not isinstance(section, dict):

@@ -8,11 +8,12 @@ from typing import Any, cast
 
 import numpy as np
 
-from {{ cookiecutter.package_name }}.data.remote import default_cache_dir, is_url
-from {{ cookiecutter.package_name }}.data.shards import hashed_here
-from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.language_model.config import DataConfig, ModelConfig
-from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import (
+from ....data.remote import default_cache_dir, is_url
+from ....data.shards import hashed_here
+from ....errors import RecipeError
+from ....project import PROJECT
+from ..config import DataConfig, ModelConfig
+from .prepared import (
     TOKENIZER,
     ShardedTokens,
     describe_folder,
@@ -22,8 +23,8 @@ from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import (
     remote_tokenizer,
     verify,
 )
-from {{ cookiecutter.package_name }}.tasks.language_model.data.sft import Examples, demo_examples, open_examples
-from {{ cookiecutter.package_name }}.tasks.language_model.data.tokenizer import load_tokenizer, vocab_size
+from .sft import Examples, demo_examples, open_examples
+from .tokenizer import load_tokenizer, vocab_size
 
 
 def make_demo_text(num_sentences: int = 6000, seed: int = 0) -> str:
@@ -131,7 +132,7 @@ def cache_folder(config: DataConfig) -> Path:
     """The node-local cache of a remote prepared folder: data.cache_dir, or one under $TMPDIR named by the URL."""
     if config.cache_dir:
         return Path(config.cache_dir)
-    return default_cache_dir(str(config.path), "{{ cookiecutter.project_slug }}")
+    return default_cache_dir(str(config.path), PROJECT)
 
 
 def prepared_tokenizer(config: DataConfig, field: str = "data.path") -> tuple[Path, dict[str, Any]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from {{ cookiecutter.package_name }}.errors import RecipeError
+from ....errors import RecipeError
 
 EOS_TOKEN = "<|endoftext|>"  # what a trained tokenizer uses to end a document (GPT-2's name for it)
 # End-of-document tokens of common tokenizers (GPT-2, Llama 2 / Mistral, Llama 3, others), in this order.

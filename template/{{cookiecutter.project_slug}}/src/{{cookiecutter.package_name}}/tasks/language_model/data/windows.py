@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from {{ cookiecutter.package_name }}.data.sampler import BlockShuffle
+from ....data.sampler import BlockShuffle
 
 
 class TokenWindows:

@@ -14,7 +14,7 @@ from importlib import import_module
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
+from ..config import ModelConfig
 
 if TYPE_CHECKING:
     from torch import nn

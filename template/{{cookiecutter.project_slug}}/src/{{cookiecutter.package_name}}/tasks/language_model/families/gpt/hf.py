@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
-from {{ cookiecutter.package_name }}.tasks.language_model.hf import HFTensor
+from ...config import ModelConfig
+from ...hf import HFTensor
 
 
 def tensors(config: ModelConfig) -> dict[str, HFTensor]:

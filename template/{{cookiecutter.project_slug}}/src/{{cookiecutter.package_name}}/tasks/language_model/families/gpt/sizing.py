@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from {{ cookiecutter.package_name }}.tasks.language_model.sizing import Shape, count_parameters
+from ...sizing import Shape, count_parameters
 
 
 def shape(model: Any) -> Shape:

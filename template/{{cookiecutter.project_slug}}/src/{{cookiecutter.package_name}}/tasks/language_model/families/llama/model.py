@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
-from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
-from {{ cookiecutter.package_name }}.tasks.language_model.families.documents import example_attention
-from {{ cookiecutter.package_name }}.tasks.language_model.families.kv_cache import KVCache, cached_attention
+from ...config import ModelConfig
+from ..documents import example_attention
+from ..kv_cache import KVCache, cached_attention
 
 
 def rotary_tables(config: ModelConfig, time: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from {{ cookiecutter.package_name }}.tasks.language_model.sizing import Shape, count_parameters
+from ...sizing import Shape, count_parameters
 
 
 def shape(model: Any) -> Shape:
