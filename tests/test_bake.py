@@ -40,7 +40,7 @@ def assert_ruff_clean(project: Path) -> None:
 def test_default_answers_give_the_documented_layout(default_project: Path) -> None:
     assert default_project.name == "my-project"
     package = default_project / "src" / "my_project"
-    modules = {"cli", "errors", "precision", "train"}
+    modules = {"cli", "errors", "precision", "project", "train"}
     assert modules <= {p.stem for p in package.glob("*.py")}
     for subpackage, members in {
         "recipe": {"schema", "load", "checks", "library"},
@@ -62,9 +62,8 @@ def test_default_answers_give_the_documented_layout(default_project: Path) -> No
     ):
         assert (default_project / extra).is_file(), extra
     assert not (default_project / "setup.py").exists()  # pyproject.toml alone builds it
-    assert 'default="wandb"' in (package / "recipe" / "schema.py").read_text().replace(" ", "").replace(
-        'Literal["wandb","tensorboard","csv","none"]=', "default="
-    )
+    assert 'DEFAULT_LOGGER = "wandb"' in (package / "project.py").read_text()
+    assert "= DEFAULT_LOGGER" in (package / "recipe" / "schema.py").read_text()  # the logger section's default
 
 
 def test_the_recipe_library_is_copied_verbatim(default_project: Path) -> None:
@@ -107,8 +106,8 @@ def test_every_choice_renders_and_lints(tmp_path: Path, logger: str, include_slu
     assert_ruff_clean(project)
     assert (project / "scripts" / "slurm" / "train.sbatch").exists() == (include_slurm == "yes")
     assert ("sbatch" in (project / "README.md").read_text()) == (include_slurm == "yes")
-    config = (project / "src" / "my_project" / "recipe" / "schema.py").read_text()
-    assert re.search(rf'name: Literal\[.*\] = "{logger}"', config)
+    facts = (project / "src" / "my_project" / "project.py").read_text()
+    assert re.search(rf'^DEFAULT_LOGGER = "{logger}"', facts, re.M)
 
 
 @pytest.mark.parametrize(

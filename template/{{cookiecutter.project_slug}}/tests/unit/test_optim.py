@@ -17,6 +17,7 @@ from {{ cookiecutter.package_name }}.recipe.schema import StrategyConfig, TrainC
 from {{ cookiecutter.package_name }}.strategies.base import prepare_blocks
 from {{ cookiecutter.package_name }}.strategies.checkpointing import MATMULS
 from {{ cookiecutter.package_name }}.tasks import task_for
+from {{ cookiecutter.package_name }}.tasks.base import batch_loss
 from {{ cookiecutter.package_name }}.training.optim import build_optimizer, build_scheduler, learning_rate_factor
 
 
@@ -131,7 +132,7 @@ def test_selective_checkpointing_gives_the_same_loss_and_gradients_and_recompute
         model = copy.deepcopy(base)
         if policy:
             prepare_blocks(model, StrategyConfig(activation_checkpointing=True, activation_checkpointing_policy=policy))
-        loss = task.loss(model, batch)
+        loss = batch_loss(task, model, batch)
         with MatmulCounter() as counter:
             loss.backward()
         grads = {name.replace("_checkpoint_wrapped_module.", ""): p.grad for name, p in model.named_parameters()}

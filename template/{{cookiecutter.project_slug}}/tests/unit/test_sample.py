@@ -156,6 +156,8 @@ def test_generation_with_the_kv_cache_equals_full_recomputation_token_for_token(
     caches, sequence = new_caches(model), torch.tensor([cached[:16]])
     with torch.no_grad():  # the logits themselves, prompt then token by token, against one pass over all 16
         stepwise = torch.cat(
-            [model(sequence[:, :5], caches)] + [model(sequence[:, t : t + 1], caches) for t in range(5, 16)], 1
+            [model(sequence[:, :5], caches=caches)]
+            + [model(sequence[:, t : t + 1], caches=caches) for t in range(5, 16)],
+            1,
         )
         torch.testing.assert_close(stepwise, model(sequence), atol=1e-5, rtol=1e-5)

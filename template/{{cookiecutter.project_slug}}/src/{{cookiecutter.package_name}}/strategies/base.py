@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..recipe.schema import Recipe
 from ..tasks import Task, task_for
+from ..tasks.base import batch_loss, checked_model, update_metrics_of
 
 if TYPE_CHECKING:
     import torch
@@ -158,7 +159,7 @@ class TrainingStrategy:
         `setup` (`load_pretrained`), a strategy whose setup copies the weights (DeepSpeed) loads them here.
         """
         with fabric.init_module(empty_init=self.config.meta_init):
-            return self.task.build_model()
+            return checked_model(self.task)
 
     def load_pretrained(self, fabric: Fabric, model: Any) -> None:
         """Copy the task's pretrained weights (model.init_from) into the set-up (sharded or replicated) model.
@@ -219,14 +220,14 @@ class TrainingStrategy:
     ) -> torch.Tensor:
         """Forward and backward of one of a step's `accumulate` micro-batches (its loss, `adjust_loss`-ed, divided by
         `accumulate`); the loss, detached. A pipeline runs both through its schedule (fsdp2's pipeline options)."""
-        loss = adjust_loss(self.task.loss(model, batch))
+        loss = adjust_loss(batch_loss(self.task, model, batch))
         fabric.backward(loss / accumulate)
         return loss.detach()
 
     def validation_step(self, fabric: Fabric, model: Any, batch: Any, metrics: dict[str, Any]) -> None:
         """Update the task's validation metrics with one micro-batch (under torch.no_grad, the model in eval mode).
         A pipeline runs the forward through its schedule and only its last stage updates them."""
-        self.task.validation_step(model, batch, metrics)
+        update_metrics_of(self.task, model, batch, metrics)
 
     def clip_and_step(self, fabric: Fabric, model: Any, optimizer: Any, max_norm: float) -> torch.Tensor | None:
         """Clip the global gradient norm to `max_norm` (0: no clipping), step; return the norm before clipping."""

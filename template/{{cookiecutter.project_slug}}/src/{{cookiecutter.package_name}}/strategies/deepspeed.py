@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RecipeError
 from ..precision import MIXED
 from ..recipe.schema import DeepSpeedOptions
+from ..tasks.base import checked_model
 from .base import (
     GpuRequirement,
     MakeOptimizer,
@@ -181,7 +182,7 @@ class DeepSpeed(TrainingStrategy):
         Pretrained weights are copied in here, before `setup`: DeepSpeed's optimizer takes its (fp32 master)
         copies of the parameters when it is set up, and would not see weights loaded later."""
         with fabric.init_module(empty_init=self.config.meta_init or self.zero_stage_3):
-            model = self.task.build_model()
+            model = checked_model(self.task)
         if self.zero_stage_3:
             init_zero3_partitioned(model)
         if pretrained:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RecipeError
 from ..precision import MIXED, torch_model_states
 from ..recipe.schema import Fsdp2Options
+from ..tasks.base import checked_model
 from .base import (
     GpuRequirement,
     MakeOptimizer,
@@ -243,7 +244,8 @@ class FSDP2(TrainingStrategy):
         options = self.options
         mesh = fabric.strategy.device_mesh  # type: ignore[attr-defined]
         stages = self.pipeline_parallel_size * options.pipeline_stages_per_rank
-        self.stage_split = stage_split(self.task.build_model, stages, options.pipeline_split)
+        build = partial(checked_model, self.task)
+        self.stage_split = stage_split(build, stages, options.pipeline_split)
         self.stage_indices = stage_indices(
             mesh.get_local_rank("pipeline"),
             self.pipeline_parallel_size,
@@ -251,7 +253,7 @@ class FSDP2(TrainingStrategy):
             options.pipeline_schedule,
         )
         with fabric.init_module(empty_init=self.config.meta_init):
-            parts = build_stages(self.task.build_model, self.stage_split, self.stage_indices, self.config.meta_init)
+            parts = build_stages(build, self.stage_split, self.stage_indices, self.config.meta_init)
         return PipelineRank(parts)
 
     def setup(self, fabric: Fabric, model: nn.Module, make_optimizer: MakeOptimizer) -> tuple[Any, Any, Any]:
@@ -270,7 +272,7 @@ class FSDP2(TrainingStrategy):
                 fabric.device,
                 options.pipeline_schedule,
                 options.pipeline_microbatches,
-                self.task.output_loss,
+                self.task.loss,
             )
         return model, optimizer, optimizer
 
@@ -292,14 +294,14 @@ class FSDP2(TrainingStrategy):
     ) -> torch.Tensor:
         if self.pipeline_parallel_size == 1:
             return super().forward_backward(fabric, model, batch, accumulate, adjust_loss)
-        inputs, targets = self.task.pipeline_batch(batch)
+        inputs, targets = self.task.split_batch(batch)
         return self.schedule.forward_backward(inputs, targets, accumulate, adjust_loss)
 
     def validation_step(self, fabric: Fabric, model: Any, batch: Any, metrics: dict[str, Any]) -> None:
         if self.pipeline_parallel_size == 1:
             return super().validation_step(fabric, model, batch, metrics)
-        inputs, targets = self.task.pipeline_batch(batch)
-        self.schedule.evaluate(inputs, targets, partial(self.task.pipeline_validation_step, metrics=metrics))
+        inputs, targets = self.task.split_batch(batch)
+        self.schedule.evaluate(inputs, targets, partial(self.task.update_metrics, metrics=metrics))
         return None
 
 

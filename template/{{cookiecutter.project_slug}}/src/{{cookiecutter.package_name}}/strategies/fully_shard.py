@@ -22,6 +22,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from ..precision import mixed_precision_policy
 from ..recipe.schema import StrategyConfig
+from ..tasks.base import init_parameters
 from .base import prepare_blocks
 from .pipeline import PipelineRank
 from .pipeline_checks import ZERO_BUBBLE_SCHEDULES
@@ -175,9 +176,9 @@ def materialize(model: Any, device_type: str) -> None:
     """Allocate a meta-device model's local shards and initialise them with the model's own init."""
     device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     model.to_empty(device=device)
-    # The model's own init (GPT-2's) rather than Fabric's per-layer defaults; each rank fills its shards.
+    # The model's own init (its init_parameter) rather than Fabric's per-layer defaults; each rank fills its shards.
     with torch.no_grad():
-        model.reset_parameters()
+        init_parameters(model)
 
 
 def convert_to_float8(model: nn.Module) -> None:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from ..errors import RecipeError
 from .pipeline_checks import EXACT_STAGES_PER_RANK, V_SCHEDULES
 
 
@@ -117,13 +118,23 @@ def block_ranges(split: Sequence[int]) -> list[range]:
     return [range(start, start + size) for start, size in zip(starts, split, strict=True)]
 
 
+def pipeline_ends(model: Any) -> tuple[list[str], list[str]]:
+    """The names of the model's top-level modules before its blocks and after them (the contract's pipeline part)."""
+    if not callable(getattr(model, "pipeline_ends", None)):
+        raise RecipeError(
+            f"{type(model).__name__} has no `pipeline_ends()` (the modules before and after its blocks), which"
+            " pipeline parallel needs (set strategy.fsdp2.pipeline_parallel_size=1)"
+        )
+    return model.pipeline_ends()
+
+
 def stage_split(build: Callable[[], nn.Module], stages: int, explicit: Sequence[int]) -> list[int]:
     """The recipe's split, or one balanced by parameter count (sizes read off a meta-device build)."""
     if explicit:
         return list(explicit)
     with torch.device("meta"):
         model: Any = build()
-    first_names, last_names = model.pipeline_ends()
+    first_names, last_names = pipeline_ends(model)
     sizes = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
 
     def outside(names: Sequence[str]) -> int:
@@ -147,7 +158,7 @@ def build_stages(
         torch.set_rng_state(state)
         with torch.device("meta") if on_meta else nullcontext():
             model: Any = build()
-        first_names, last_names = model.pipeline_ends()
+        first_names, last_names = pipeline_ends(model)
         model.blocks = StageBlocks({i: model.blocks[i] for i in ranges[index]})
         removed = ([] if index == 0 else first_names) + ([] if index == len(split) - 1 else last_names)
         for name in removed:
@@ -210,7 +221,7 @@ class Schedule:
         self.scale, self.adjust = 1 / (accumulate * self.microbatches), adjust
         losses: list[torch.Tensor] = []
         self.schedule.step(
-            *((inputs,) if self.holds_first else ()),
+            *(as_arguments(inputs) if self.holds_first else ()),
             target=targets if self.holds_last else None,
             losses=losses,
             return_outputs=False,
@@ -228,7 +239,7 @@ class Schedule:
             trained, schedule.pipeline_order_with_comms = schedule.pipeline_order_with_comms, self.forward_only
         try:
             schedule.eval(
-                *((inputs,) if self.holds_first else ()),
+                *(as_arguments(inputs) if self.holds_first else ()),
                 target=targets if self.holds_last else None,
                 return_outputs=False,
             )
@@ -236,6 +247,11 @@ class Schedule:
             self.measure = None
             if self.forward_only is not None:
                 schedule.pipeline_order_with_comms = trained
+
+
+def as_arguments(inputs: Any) -> tuple[Any, ...]:
+    """`split_batch`'s inputs as the first stage's positional arguments (the schedule splits each into pieces)."""
+    return inputs if isinstance(inputs, tuple) else (inputs,)
 
 
 def forward_only_actions(schedule: Any) -> dict[int, list[Any]]:

@@ -1,18 +1,17 @@
 """The workload seam: what a run trains and how it is measured.
 
 The machinery (the loop, the monitor, strategies, checkpoints, `plan`) asks a `Task` and never names
-what it trains. A task is a package under tasks/ holding its recipe sections, its model families,
-its data and its optional commands, plus one line in tasks/__init__.py's registry.
+what it trains. A task is a package under tasks/ (found by its folder, tasks/__init__.py) holding its
+recipe sections, its model families, its data and its optional commands.
 
-The model a task builds follows one contract, which is what strategies shard, checkpoint and compile:
-    model.blocks                     an nn.ModuleList of the repeated block (FSDP's unit, activation
-                                     checkpointing's unit, torch.compile's unit)
-    model.tensor_parallel_plan()     {submodule path inside a block: ColwiseParallel() | RowwiseParallel()},
-                                     or {} when the model has no tensor-parallel plan
-    model.init_parameter(name, p)    initialise one parameter in place (meta-device and ZeRO-3 builds)
-    model.pipeline_ends()            (names before the blocks, names after them): the top-level modules a
-                                     pipeline's first and last stage hold; forward skips one set to None
-                                     (only for a task whose `pipeline_blocks` answers)
+One loss path: a task gives the pieces and the machinery composes them the same way for every strategy and
+every pipeline schedule (`batch_loss`, `update_metrics_of`):
+    inputs, targets = task.split_batch(batch)
+    outputs = model(*inputs)                       # a pipeline: the first stage takes inputs, the last outputs
+    loss = task.loss(outputs, targets)             # training
+    task.update_metrics(outputs, targets, metrics) # validation
+
+The model a task builds follows `TrainableModel`, checked right after `Task.build_model` (`checked_model`),
 and keeps every parameter inside a submodule (none on the model itself): ZeRO-3's zero.Init partitions a
 module's parameters when its constructor returns, so that its init draws the same random numbers as an
 ordinary build's.
@@ -25,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias
 
 from ..errors import RecipeError
 from ..recipe.schema import Recipe
@@ -34,6 +33,26 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
     from torchmetrics import Metric
+
+Inputs: TypeAlias = "torch.Tensor | tuple[torch.Tensor, ...]"  # what a model is called with: model(*inputs)
+
+
+class TrainableModel(Protocol):
+    """What strategies shard, checkpoint and compile: the model `Task.build_model` returns, checked right after
+    (`checked_model`). A pipeline asks one more method, `pipeline_ends()` (strategies/pipeline.py)."""
+
+    blocks: nn.ModuleList  # the repeated block: FSDP's unit, activation checkpointing's, torch.compile's
+
+    def tensor_parallel_plan(self) -> dict[str, Any]:
+        """{submodule path inside a block: ColwiseParallel() | RowwiseParallel()}; {} without tensor parallel."""
+        ...
+
+    def init_parameter(self, name: str, parameter: torch.Tensor) -> None:
+        """Initialise one parameter in place: the machinery's one init loop (`init_parameters`) calls it for every
+        parameter, in order, after a meta-device build and under ZeRO-3, and the model's constructor does too."""
+        ...
+
+    def __call__(self, *inputs: Any) -> Any: ...
 
 
 class Samples(Protocol):
@@ -143,6 +162,11 @@ class Benchmarks(Protocol):
 class Task:
     """A workload behind the interface the machinery uses; subclasses implement it.
 
+    Required: `name`, `recipe_type`, `build_model`, `datasets` and `loss`. Optional, with defaults that fit
+    a batch of (inputs, targets) and a model without tensor parallel, pipeline or `plan` sizing: everything
+    else (`split_batch`, `metrics` and `update_metrics` when validation measures more than the loss, the
+    sizing for `plan` and MFU, `check`, its commands).
+
     Bound to a recipe, like a strategy: `self.recipe.model` and `self.recipe.data` are this task's
     own sections (the dataclasses of `recipe_type`).
     """
@@ -215,7 +239,7 @@ class Task:
     # --- what it does in a training process -----------------------------------------------------
 
     def build_model(self) -> nn.Module:
-        """The model, on the current default device (the meta device when the strategy asks)."""
+        """The model, on the current default device (the meta device when the strategy asks); a `TrainableModel`."""
         raise NotImplementedError
 
     def block_class(self) -> type[nn.Module]:
@@ -243,33 +267,29 @@ class Task:
         """The training and validation samples the recipe's data section describes."""
         raise NotImplementedError
 
-    def loss(self, model: Any, batch: Any) -> torch.Tensor:
-        """The mean training loss of a micro-batch (a scalar tensor)."""
+    def split_batch(self, batch: Any) -> tuple[Inputs, Any]:
+        """(the model's inputs, the targets `loss` compares its outputs with) of a micro-batch. Inputs are a tensor or
+        a tuple of tensors passed positionally (`model(*inputs)`); a pipeline hands them to its first stage and the
+        targets to its last. Default: a batch that is the pair (inputs, targets)."""
+        inputs, targets = batch
+        return inputs, targets
+
+    def loss(self, outputs: Any, targets: Any) -> torch.Tensor:
+        """The mean training loss of the model's outputs for a micro-batch (or a pipeline's piece of one): a scalar."""
         raise NotImplementedError
 
-    def pipeline_batch(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the model's input, what `output_loss` compares its output with) of a micro-batch: what a pipeline
-        hands its first and its last stage."""
-        raise NotImplementedError
+    def metrics(self) -> dict[str, Metric]:
+        """Fresh torchmetrics for one validation pass, by name (logged as val/<name>; reduced across ranks).
+        Default: the loss, averaged over samples."""
+        from torchmetrics.aggregation import MeanMetric
 
-    def output_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The mean loss of the model's outputs (the last pipeline stage computes it)."""
-        raise NotImplementedError
+        return {"loss": MeanMetric()}
 
-    def validation_metrics(self) -> dict[str, Metric]:
-        """Fresh torchmetrics for one validation pass, by name (logged as val/<name>; reduced across ranks)."""
-        raise NotImplementedError
-
-    def validation_step(self, model: Any, batch: Any, metrics: dict[str, Metric]) -> None:
-        """Update the validation metrics with one micro-batch (called under torch.no_grad, model in eval mode)."""
-        raise NotImplementedError
-
-    def pipeline_validation_step(
-        self, outputs: torch.Tensor, targets: torch.Tensor, metrics: dict[str, Metric]
-    ) -> None:
-        """`validation_step` from the model's outputs of a piece of a micro-batch and its targets (`pipeline_batch`'s):
-        what the last pipeline stage does; the other ranks add nothing to the metrics' sums."""
-        raise NotImplementedError
+    def update_metrics(self, outputs: Any, targets: Any, metrics: dict[str, Metric]) -> None:
+        """Update the validation metrics with the model's outputs for a micro-batch (or a pipeline's piece of one) and
+        its targets (under torch.no_grad, the model in eval mode). Default: the loss, weighted by the targets' first
+        dimension (samples)."""
+        metrics["loss"].update(self.loss(outputs, targets), weight=targets.shape[0])
 
     def validation_results(self, computed: dict[str, float]) -> dict[str, float]:
         """The figures logged after a validation pass, from the computed metrics (add derived ones here)."""
@@ -283,3 +303,49 @@ class Task:
     def flops_per_unit(self) -> float | None:
         """Model FLOPs of one forward and backward pass per unit (MFU); None when unknown."""
         return None
+
+
+def contract_problems(model: Any) -> list[str]:
+    """What `model` lacks of the `TrainableModel` contract, one phrase each ([] when it has it all)."""
+    from torch import nn
+
+    problems = []
+    if not isinstance(getattr(model, "blocks", None), nn.ModuleList):
+        problems.append("no `blocks` nn.ModuleList (the repeated block strategies shard, checkpoint and compile)")
+    for method, signature in (("tensor_parallel_plan", "()"), ("init_parameter", "(name, parameter)")):
+        if not callable(getattr(model, method, None)):
+            problems.append(f"no `{method}{signature}` method")
+    if own := [name for name, _ in model.named_parameters(recurse=False)]:
+        problems.append(f"parameter {own[0]!r} on the model itself (keep parameters in submodules: ZeRO-3's init)")
+    return problems
+
+
+def checked_model(task: Task) -> nn.Module:
+    """`task.build_model()`, refused in one line when the model lacks part of the contract the machinery uses."""
+    model = task.build_model()
+    if problems := contract_problems(model):
+        raise RecipeError(f"task {task.name}: its model ({type(model).__name__}) has {problems[0]} (tasks/base.py)")
+    return model
+
+
+def init_parameters(model: Any) -> None:
+    """The one init loop: the model's `init_parameter` for every parameter, in order (a tied parameter once)."""
+    for name, parameter in model.named_parameters():
+        model.init_parameter(name, parameter)
+
+
+def run_model(model: Any, inputs: Inputs) -> Any:
+    """The model's outputs for `split_batch`'s inputs: a tuple is passed positionally."""
+    return model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+
+
+def batch_loss(task: Task, model: Any, batch: Any) -> torch.Tensor:
+    """The loss of a micro-batch as every strategy composes it: split, forward, the task's loss."""
+    inputs, targets = task.split_batch(batch)
+    return task.loss(run_model(model, inputs), targets)
+
+
+def update_metrics_of(task: Task, model: Any, batch: Any, metrics: dict[str, Metric]) -> None:
+    """One validation micro-batch as every strategy composes it: split, forward, the task's metrics update."""
+    inputs, targets = task.split_batch(batch)
+    task.update_metrics(run_model(model, inputs), targets, metrics)

@@ -2,9 +2,9 @@
 
 Run it through the CLI (`<project> train --config recipes/cpu-debug.yaml`) or as a script under a
 launcher (`fabric run ... src/<package>/train.py --config mine.yaml`, `torchrun ...`, `srun ...`).
-`run.setup` builds what the loop trains. The loop does not know what that is: it asks the task
-(tasks/) for the loss of a micro-batch and the validation metrics, and the strategy (strategies/) at
-the places where strategies differ: forward_backward and validation_step (a pipeline runs its own schedule),
+`run.setup` builds what the loop trains. The loop does not know what that is: the strategy (strategies/)
+composes the task's pieces (tasks/base.py: split_batch, the model, loss, update_metrics) in forward_backward and
+validation_step, the same way for every strategy (a pipeline runs them through its schedule), and differs at
 no_backward_sync, clip_and_step and discard_gradients.
 """
 
@@ -158,7 +158,7 @@ def validate(
 ) -> dict[str, float]:
     """The task's validation metrics over all ranks' batches (val/loss, and what else the task measures)."""
     model.eval()
-    metrics = {name: metric.to(fabric.device) for name, metric in task.validation_metrics().items()}
+    metrics = {name: metric.to(fabric.device) for name, metric in task.metrics().items()}
     for batch in batches:
         strategy.validation_step(fabric, model, fabric.to_device(batch), metrics)
     model.train()

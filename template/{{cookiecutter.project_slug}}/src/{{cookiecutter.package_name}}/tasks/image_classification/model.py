@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
+from ..base import init_parameters
 from .config import ViTConfig
 
 
@@ -99,7 +100,7 @@ class ViT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.norm = nn.LayerNorm(config.n_embd, eps=config.norm_eps)
         self.head = nn.Linear(config.n_embd, config.num_classes)
-        self.reset_parameters()
+        init_parameters(self)
 
     @staticmethod
     def tensor_parallel_plan() -> dict[str, ParallelStyle]:
@@ -114,13 +115,8 @@ class ViT(nn.Module):
             "mlp.proj": RowwiseParallel(),
         }
 
-    def reset_parameters(self) -> None:
-        """ViT initialisation (Hugging Face's): weights and embeddings ~ N(0, 0.02), biases 0, LayerNorm scales 1."""
-        for name, param in self.named_parameters():
-            self.init_parameter(name, param)
-
     def init_parameter(self, name: str, param: torch.Tensor) -> None:
-        """The initialisation of one parameter (`reset_parameters` applies it to all, in order).
+        """The initialisation of one parameter (`init_parameters` applies it to all, in order).
 
         A plain normal rather than Hugging Face's truncated one: truncation at +-2 is 100 standard deviations
         away, so they draw alike, and `normal_` also fills sharded (DTensor) parameters.

@@ -100,25 +100,20 @@ class ImageClassification(Task):
         train, validation = load_splits(self.recipe.data, self.recipe.model, self.recipe.train.seed)
         return Splits(train, validation)
 
-    def loss(self, model: Any, batch: Any) -> torch.Tensor:
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F
 
-        images, labels = batch
-        return F.cross_entropy(model(images), labels)
+        return F.cross_entropy(outputs, targets)
 
-    def validation_metrics(self) -> dict[str, Metric]:
+    def metrics(self) -> dict[str, Metric]:
         from torchmetrics.aggregation import MeanMetric
         from torchmetrics.classification import MulticlassAccuracy
 
         return {"loss": MeanMetric(), "accuracy": MulticlassAccuracy(self.recipe.model.num_classes, average="micro")}
 
-    def validation_step(self, model: Any, batch: Any, metrics: dict[str, Metric]) -> None:
-        import torch.nn.functional as F
-
-        images, labels = batch
-        logits = model(images)
-        metrics["loss"].update(F.cross_entropy(logits, labels), weight=labels.numel())
-        metrics["accuracy"].update(logits, labels)  # top-1
+    def update_metrics(self, outputs: torch.Tensor, targets: torch.Tensor, metrics: dict[str, Metric]) -> None:
+        metrics["loss"].update(self.loss(outputs, targets), weight=targets.numel())
+        metrics["accuracy"].update(outputs, targets)  # top-1
 
     def flops_per_unit(self) -> float:
         return self.model_cost().training_flops_per_sample()

@@ -68,10 +68,10 @@ def generate(
     caches: list[KVCache] | None = None
     for _ in range(max_new_tokens):
         if use_cache and caches is not None and caches[0].length < block_size:
-            logits = model(torch.tensor([sequence[-1:]]), caches)  # only the newest token: the rest is cached
+            logits = model(torch.tensor([sequence[-1:]]), caches=caches)  # only the newest token: the rest is cached
         else:
             caches = new_caches(model) if use_cache else None
-            logits = model(torch.tensor([sequence[-block_size:]]), caches)
+            logits = model(torch.tensor([sequence[-block_size:]]), caches=caches)
         logits = logits[0, -1].float()
         if temperature == 0:
             next_id = logits.argmax().view(1)

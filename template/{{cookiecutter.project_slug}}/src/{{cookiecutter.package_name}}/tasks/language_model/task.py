@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...errors import RecipeError
-from ..base import Benchmarks, ModelCost, Splits, Task
+from ..base import Benchmarks, Inputs, ModelCost, Splits, Task
 from .config import (
     ARCH_ONLY_FIELDS,
     LanguageModelEvalConfig,
@@ -186,20 +186,23 @@ class LanguageModel(Task):
                 raise RecipeError(f"data: the {name} split of data.path={data.path!r} holds no example")
         return splits
 
-    def loss(self, model: Any, batch: Any) -> torch.Tensor:
+    def split_batch(self, batch: Any) -> tuple[Inputs, torch.Tensor]:
+        """A stream batch is (inputs, targets). An sft batch adds, when packed, each position's example id: the model
+        is called with it (`model(inputs, documents)`) and attends within an example."""
+        inputs, targets, *documents = batch
+        return ((inputs, documents[0]) if documents else inputs), targets
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross entropy of the next token over the targets that count.
 
-        A stream batch is (inputs, targets): every target counts. An sft batch adds, when packed, each
-        position's example id (the model attends within an example); its targets are IGNORE_INDEX outside the
-        replies, and a micro-batch without a counted target has loss 0 (not 0 / 0).
+        A stream's targets all count. An sft batch's targets are IGNORE_INDEX outside the replies, and a micro-batch
+        without a counted target has loss 0 (not 0 / 0).
         """
         import torch.nn.functional as F
 
-        inputs, targets, *documents = batch
         if self.recipe.data.format != "sft":
-            return self.output_loss(model(inputs), targets)
-        logits = model(inputs, documents=documents[0]) if documents else model(inputs)
-        summed = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+            return F.cross_entropy(outputs.flatten(0, 1), targets.flatten())
+        summed = F.cross_entropy(outputs.flatten(0, 1), targets.flatten(), reduction="sum")
         return summed / counted_targets(targets).clamp(min=1)
 
     def pipeline_blocks(self) -> int:
@@ -220,28 +223,9 @@ class LanguageModel(Task):
             )
         return self.recipe.model.n_layer
 
-    def pipeline_batch(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs, targets = batch
-        return inputs, targets
-
-    def output_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        import torch.nn.functional as F
-
-        return F.cross_entropy(outputs.flatten(0, 1), targets.flatten())
-
-    def validation_metrics(self) -> dict[str, Metric]:
-        from torchmetrics.aggregation import MeanMetric
-
-        return {"loss": MeanMetric()}
-
-    def validation_step(self, model: Any, batch: Any, metrics: dict[str, Metric]) -> None:
+    def update_metrics(self, outputs: torch.Tensor, targets: torch.Tensor, metrics: dict[str, Metric]) -> None:
         # The mean over every counted token: each batch's mean weighted by its counted targets.
-        metrics["loss"].update(self.loss(model, batch), weight=counted_targets(batch[1]))
-
-    def pipeline_validation_step(
-        self, outputs: torch.Tensor, targets: torch.Tensor, metrics: dict[str, Metric]
-    ) -> None:
-        metrics["loss"].update(self.output_loss(outputs, targets), weight=counted_targets(targets))
+        metrics["loss"].update(self.loss(outputs, targets), weight=counted_targets(targets))
 
     def validation_results(self, computed: dict[str, float]) -> dict[str, float]:
         import math

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
+from ....base import init_parameters
 from ...config import ModelConfig
 from ..documents import example_attention
 from ..kv_cache import KVCache, cached_attention
@@ -86,7 +87,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.norm = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.reset_parameters()
+        init_parameters(self)
 
     @staticmethod
     def tensor_parallel_plan() -> dict[str, ParallelStyle]:
@@ -106,13 +107,8 @@ class GPT(nn.Module):
         """The modules before the blocks (a pipeline's first stage holds them) and after them (its last stage)."""
         return ["token_embedding", "position_embedding", "dropout"], ["norm", "lm_head"]
 
-    def reset_parameters(self) -> None:
-        """GPT-2 initialisation; residual projections scaled down by the depth."""
-        for name, param in self.named_parameters():
-            self.init_parameter(name, param)
-
     def init_parameter(self, name: str, param: torch.Tensor) -> None:
-        """GPT-2 initialisation of one parameter (`reset_parameters` applies it to all, in order)."""
+        """GPT-2 initialisation of one parameter (`init_parameters` applies it to all, in order)."""
         if param.dim() < 2:
             nn.init.zeros_(param) if name.endswith("bias") else nn.init.ones_(param)
         elif name.endswith("proj.weight"):
@@ -121,7 +117,7 @@ class GPT(nn.Module):
             nn.init.normal_(param, mean=0.0, std=0.02)
 
     def forward(
-        self, idx: torch.Tensor, caches: list[KVCache] | None = None, documents: torch.Tensor | None = None
+        self, idx: torch.Tensor, documents: torch.Tensor | None = None, caches: list[KVCache] | None = None
     ) -> torch.Tensor:
         """Logits of shape (batch, time, vocab) for token ids of shape (batch, time).
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
+from ....base import init_parameters
 from ...config import ModelConfig
 from ..documents import example_attention
 from ..kv_cache import KVCache, cached_attention
@@ -119,7 +120,7 @@ class Llama(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.token_embedding.weight
-        self.reset_parameters()
+        init_parameters(self)
 
     @staticmethod
     def tensor_parallel_plan() -> dict[str, ParallelStyle]:
@@ -141,13 +142,9 @@ class Llama(nn.Module):
         """The modules before the blocks (a pipeline's first stage holds them) and after them (its last stage)."""
         return ["token_embedding"], ["norm", "lm_head"]
 
-    def reset_parameters(self) -> None:
-        """Normal(0, 0.02) matrices, residual projections scaled down by the depth, norms at one."""
-        for name, param in self.named_parameters():  # a tied head is the embedding: named (and drawn) once
-            self.init_parameter(name, param)
-
     def init_parameter(self, name: str, param: torch.Tensor) -> None:
-        """The initialisation of one parameter (`reset_parameters` applies it to all, in order)."""
+        """Normal(0, 0.02) matrices, residual projections scaled down by the depth, norms at one: one parameter
+        (`init_parameters` applies it to all, in order; a tied head is the embedding, named and drawn once)."""
         if param.dim() < 2:
             nn.init.ones_(param)
         elif name.endswith(("attn.o.weight", "mlp.down.weight")):
@@ -156,7 +153,7 @@ class Llama(nn.Module):
             nn.init.normal_(param, mean=0.0, std=0.02)
 
     def forward(
-        self, idx: torch.Tensor, caches: list[KVCache] | None = None, documents: torch.Tensor | None = None
+        self, idx: torch.Tensor, documents: torch.Tensor | None = None, caches: list[KVCache] | None = None
     ) -> torch.Tensor:
         """Logits of shape (batch, time, vocab) for token ids of shape (batch, time).
 
