@@ -1,160 +1,36 @@
-"""A task is a class and a registration: this file adds one (regression of random vectors with an MLP built from
-blocks) and trains it with the project's machinery, changing no other module.
-
-`python tests/e2e/test_task_seam.py train ...` is the command line with the toy task registered (Fabric re-runs this
-script in each process it launches, so every rank registers it). Its recipe is its own file: the machinery's
-sections plus the task's `model:` and `data:`.
+"""A task is one package: the toy task of tests/toy_task.py (regression of random vectors with an MLP built from
+blocks), copied as tasks/vector_regression/ into a copy of this project's package with no other file touched, is
+found by its folder, passes `check`, and trains with the project's machinery. Its recipe is its own file: the
+machinery's sections plus the task's `model:` and `data:`. `register` adds a task defined outside the package.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import re
+import shutil
+import subprocess
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
-import torch
 import yaml
 from helpers import (
+    PACKAGE,
+    PROJECT,
     UNIT,
     assert_same_losses,
     assert_same_weights,
+    cli_env,
     final_weights,
     read_csv_metrics,
-    run_cli,
     train_losses,
 )
-from torch import nn
-from torchmetrics import MeanAbsoluteError, Metric
-from torchmetrics.aggregation import MeanMetric
+from toy_task import VectorRecipe, VectorRegression
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.tasks import Splits, Task, register
-
-
-@dataclass
-class MlpConfig:
-    """A residual MLP: an input layer, `depth` blocks of width `width`, a linear head."""
-
-    inputs: int = 8
-    outputs: int = 4
-    width: int = 32
-    depth: int = 3
-
-
-@dataclass
-class VectorData:
-    """Random vectors x and targets y = W x + noise, W fixed by `seed`."""
-
-    samples: int = 512
-    noise: float = 0.01
-    seed: int = 0
-
-
-@dataclass
-class VectorRecipe(Recipe):
-    """A recipe of `task: vector_regression`."""
-
-    model: MlpConfig = field(default_factory=MlpConfig)
-    data: VectorData = field(default_factory=VectorData)
-
-
-class Block(nn.Module):
-    """x + Linear(GELU(LayerNorm(x))): the unit strategies shard, checkpoint and compile."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.norm, self.linear = nn.LayerNorm(width), nn.Linear(width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.linear(nn.functional.gelu(self.norm(x)))
-
-
-class Mlp(nn.Module):
-    """The model contract of tasks/base.py: `blocks`, `tensor_parallel_plan()`, `init_parameter(name, param)`."""
-
-    def __init__(self, config: MlpConfig) -> None:
-        super().__init__()
-        self.input = nn.Linear(config.inputs, config.width)
-        self.blocks = nn.ModuleList(Block(config.width) for _ in range(config.depth))
-        self.head = nn.Linear(config.width, config.outputs)
-        for name, param in self.named_parameters():
-            self.init_parameter(name, param)
-
-    def tensor_parallel_plan(self) -> dict[str, Any]:
-        return {}
-
-    def init_parameter(self, name: str, param: torch.Tensor) -> None:
-        if name.endswith("norm.weight"):
-            nn.init.ones_(param)
-        elif param.dim() < 2:
-            nn.init.zeros_(param)
-        else:
-            nn.init.normal_(param, std=0.1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.input(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-
-class Vectors:
-    """Samples: (x, y) pairs made from a seed."""
-
-    def __init__(self, config: VectorData, model: MlpConfig, first: int, count: int) -> None:
-        rng = np.random.default_rng(config.seed)
-        weights = rng.standard_normal((model.inputs, model.outputs)).astype(np.float32)
-        x = rng.standard_normal((config.samples, model.inputs)).astype(np.float32)
-        y = x @ weights + config.noise * rng.standard_normal((config.samples, model.outputs)).astype(np.float32)
-        self.x, self.y = torch.from_numpy(x[first : first + count]), torch.from_numpy(y[first : first + count])
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[list(indices)], self.y[list(indices)]
-
-
-class VectorRegression(Task):
-    """Mean squared error of an MLP on random linear data; validation also reports the mean absolute error."""
-
-    name = "vector_regression"
-    recipe_type = VectorRecipe
-    unit = "vector"
-
-    def build_model(self) -> nn.Module:
-        return Mlp(self.recipe.model)
-
-    def datasets(self) -> Splits:
-        data, model = self.recipe.data, self.recipe.model
-        held_out = data.samples // 8
-        train = Vectors(data, model, 0, data.samples - held_out)
-        return Splits(train, Vectors(data, model, data.samples - held_out, held_out))
-
-    def loss(self, model: Any, batch: Any) -> torch.Tensor:
-        x, y = batch
-        return nn.functional.mse_loss(model(x), y)
-
-    def validation_metrics(self) -> dict[str, Metric]:
-        return {"loss": MeanMetric(), "mae": MeanAbsoluteError()}
-
-    def validation_step(self, model: Any, batch: Any, metrics: dict[str, Metric]) -> None:
-        x, y = batch
-        prediction = model(x)
-        metrics["loss"].update(nn.functional.mse_loss(prediction, y))
-        metrics["mae"].update(prediction, y)
-
-    def flops_per_unit(self) -> float:
-        config = self.recipe.model
-        matmul = config.inputs * config.width + config.depth * config.width**2 + config.width * config.outputs
-        return 6.0 * matmul
-
+from {{ cookiecutter.package_name }}.tasks import register
 
 STEPS = 8
 
@@ -179,25 +55,58 @@ def write_recipe(folder: Path, strategy: str) -> Path:
     return path
 
 
-def train_toy(folder: Path, strategy: str, fault: str = "") -> Any:
-    folder.mkdir(parents=True, exist_ok=True)
-    return run_cli("train", "--config", str(write_recipe(folder, strategy)), script=Path(__file__), fault=fault)
+def add_task_package(source: Path, name: str, target: Path) -> Path:
+    """A copy of the project's source with `tests/toy_task.py` as the package tasks/<name>/ (its imports made relative,
+    as a task written inside the package has them); the copy's src folder."""
+    shutil.copytree(PROJECT / "src", target, ignore=shutil.ignore_patterns("__pycache__"))
+    package = target / PACKAGE / "tasks" / name
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        '"""Regression of random vectors with an MLP: the toy task, as a package."""\n'
+    )
+    code = re.sub(rf"^from {PACKAGE}\.", "from ...", source.read_text(), flags=re.M)
+    (package / "task.py").write_text(code)
+    return target
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def toy_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This project's source with the toy task added as a package."""
+    target = tmp_path_factory.mktemp("copy") / "src"
+    return add_task_package(PROJECT / "tests" / "toy_task.py", VectorRegression.name, target)
+
+
+def run_toy(source: Path, *args: str, fault: str = "") -> subprocess.CompletedProcess:
+    """`python -m <package> ARGS` on the copy of the source that holds the toy task."""
+    env = cli_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(source), str(PROJECT / "tests")])
+    if fault:
+        env["TRAIN_FAULT"] = fault
+    command = [sys.executable, "-m", PACKAGE, *args]
+    return subprocess.run(
+        command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600, start_new_session=True
+    )
+
+
+def train_toy(source: Path, folder: Path, strategy: str, fault: str = "") -> subprocess.CompletedProcess:
+    folder.mkdir(parents=True, exist_ok=True)
+    return run_toy(source, "train", "--config", str(write_recipe(folder, strategy)), fault=fault)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, toy_source: Path) -> dict[str, Path]:
     """One uninterrupted run of the toy task under each strategy: its out_dir."""
     runs = {}
     for strategy in ("ddp", "fsdp2"):
         folder = tmp_path_factory.mktemp(strategy)
-        result = train_toy(folder, strategy)
+        result = train_toy(toy_source, folder, strategy)
         assert result.returncode == 0, result.stderr[-3000:]
         runs[strategy] = folder / "run"
     return runs
 
 
 @pytest.mark.slow
-def test_a_task_registered_outside_the_package_trains_under_ddp_and_fsdp2_alike(uninterrupted: dict[str, Path]) -> None:
+def test_a_task_added_as_one_package_trains_under_ddp_and_fsdp2_alike(uninterrupted: dict[str, Path]) -> None:
     ddp, fsdp2 = train_losses(uninterrupted["ddp"]), train_losses(uninterrupted["fsdp2"])
     assert sorted(ddp) == list(range(1, STEPS + 1))
     assert_same_losses(fsdp2, ddp, tolerance=1e-5)
@@ -216,10 +125,12 @@ def test_a_task_registered_outside_the_package_trains_under_ddp_and_fsdp2_alike(
 
 
 @pytest.mark.slow
-def test_a_killed_run_of_the_toy_task_resumes_bitwise(tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
-    killed = train_toy(tmp_path, "fsdp2", fault="kill-at-step:6")
+def test_a_killed_run_of_the_toy_task_resumes_bitwise(
+    tmp_path: Path, toy_source: Path, uninterrupted: dict[str, Path]
+) -> None:
+    killed = train_toy(toy_source, tmp_path, "fsdp2", fault="kill-at-step:6")
     assert killed.returncode != 0
-    resumed = train_toy(tmp_path, "fsdp2")
+    resumed = train_toy(toy_source, tmp_path, "fsdp2")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resumed from" in resumed.stdout and "step-00000004" in resumed.stdout
     assert_same_losses(train_losses(tmp_path / "run"), train_losses(uninterrupted["fsdp2"]), tolerance=0.0)
@@ -256,6 +167,7 @@ def test_a_registered_task_reads_its_own_sections_and_refuses_the_project_tasks(
         REGISTRY.pop(VectorRegression.name)
 
 
-if __name__ == "__main__":
-    register(VectorRegression)
-    main(sys.argv[1:])
+def test_a_task_package_is_found_by_its_folder_and_passes_check(tmp_path: Path, toy_source: Path) -> None:
+    checked = run_toy(toy_source, "check", "--config", str(write_recipe(tmp_path, "fsdp2")))
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    assert checked.stdout.splitlines()[-1] == f"task {VectorRegression.name}: the machinery finds all it needs"

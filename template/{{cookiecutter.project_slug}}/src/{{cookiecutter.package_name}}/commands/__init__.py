@@ -33,6 +33,7 @@ from ..tasks import task_class
 # command name -> the module that holds its parser and its body
 COMMANDS: dict[str, str] = {
     "train": f"{__package__}.train",
+    "check": f"{__package__}.check",
     "recipes": f"{__package__}.recipes",
     "checkpoint": f"{__package__}.checkpoint",
     "plan": f"{__package__}.plan",
