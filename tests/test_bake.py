@@ -92,6 +92,13 @@ def assert_only_the_task_is_there(project: Path, task: str) -> None:
     other = {"language_model": "test_llama.py", "image_classification": "test_image_classification.py"}
     assert (project / "tests" / "e2e" / other[task]).is_file()
     assert not any((project / "tests" / "e2e" / name).exists() for key, name in other.items() if key != task)
+    assert (project / "docs" / "fine-tuning.md").is_file() == (task == "language_model")  # a page per task topic
+
+
+def documentation(project: Path) -> str:
+    """The project's documentation as one text: the README, then the pages of docs/."""
+    pages = sorted((project / "docs").rglob("*.md"))
+    return "\n".join(path.read_text() for path in [project / "README.md", *pages])
 
 
 # Whose quick tests CI runs: the other loggers, each task, SLURM on and off (the default answers' projects run
@@ -106,7 +113,7 @@ def test_every_choice_renders_and_lints(tmp_path: Path, logger: str, include_slu
     assert_only_the_task_is_there(project, task)
     assert_ruff_clean(project)
     assert (project / "scripts" / "slurm" / "train.sbatch").exists() == (include_slurm == "yes")
-    assert ("sbatch" in (project / "README.md").read_text()) == (include_slurm == "yes")
+    assert ("sbatch" in documentation(project)) == (include_slurm == "yes")
     config = (project / "src" / "my_project" / "recipe" / "schema.py").read_text()
     assert re.search(rf'name: Literal\[.*\] = "{logger}"', config)
 
@@ -383,3 +390,4 @@ def test_the_generated_package_passes_mypy(default_project: Path) -> None:
     checked = run([sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir", "/dev/null"], cwd=default_project)
     assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-2000:]
     assert "Success" in checked.stdout
+
