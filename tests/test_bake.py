@@ -63,9 +63,12 @@ def test_default_answers_give_the_documented_layout(default_project: Path) -> No
     ):
         assert (default_project / extra).is_file(), extra
     assert not (default_project / "setup.py").exists()  # pyproject.toml alone builds it
-    assert 'default="wandb"' in (package / "recipe" / "schema.py").read_text().replace(" ", "").replace(
-        'Literal["wandb","tensorboard","csv","none"]=', "default="
+    # The recipe's logger defaults to the project's default logger, a fact of project.py.
+    assert (
+        'name: Literal["wandb", "tensorboard", "csv", "none"] = DEFAULT_LOGGER'
+        in (package / "recipe" / "schema.py").read_text()
     )
+    assert 'DEFAULT_LOGGER = "wandb"' in (package / "project.py").read_text()
 
 
 def test_the_recipe_library_is_copied_verbatim(default_project: Path) -> None:
@@ -115,8 +118,7 @@ def test_every_choice_renders_and_lints(tmp_path: Path, logger: str, include_slu
     assert_ruff_clean(project)
     assert (project / "scripts" / "slurm" / "train.sbatch").exists() == (include_slurm == "yes")
     assert ("sbatch" in documentation(project)) == (include_slurm == "yes")
-    config = (project / "src" / "my_project" / "recipe" / "schema.py").read_text()
-    assert re.search(rf'name: Literal\[.*\] = "{logger}"', config)
+    assert f'DEFAULT_LOGGER = "{logger}"' in (project / "src" / "my_project" / "project.py").read_text()
 
 
 @pytest.mark.parametrize(
