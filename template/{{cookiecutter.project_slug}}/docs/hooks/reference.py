@@ -160,7 +160,6 @@ def markdown(text: str) -> str:
 
 def commands_page() -> str:
     """Every command and subcommand with its `--help`, in the order of the command table."""
-    os.environ["COLUMNS"] = HELP_COLUMNS
     project = import_module(f"{PACKAGE}.project")
     cli = import_module(f"{PACKAGE}.cli")
     table = import_module(f"{PACKAGE}.commands").command_table()
@@ -172,8 +171,16 @@ def commands_page() -> str:
         "([the recipe fields](recipe.md)).",
         "",
     ]
-    for name, parser, summary in subcommands(cli.build_parser(table)):
-        lines += command_section([name], parser, summary, 2)
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = HELP_COLUMNS
+    try:
+        for name, parser, summary in subcommands(cli.build_parser(table)):
+            lines += command_section([name], parser, summary, 2)
+    finally:  # `mkdocs serve` goes on in this process
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
     return "\n".join(lines) + "\n"
 
 
