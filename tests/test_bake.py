@@ -59,6 +59,7 @@ def test_default_answers_give_the_documented_layout(default_project: Path) -> No
     for extra in (
         *("pyproject.toml", "constraints.txt", "README.md", "LICENSE", ".gitignore"),
         *(".pre-commit-config.yaml", ".github/workflows/ci.yml", "scripts/slurm/train.sbatch"),
+        *("mkdocs.yml", "docs/index.md", "docs/hooks/reference.py"),
     ):
         assert (default_project / extra).is_file(), extra
     assert not (default_project / "setup.py").exists()  # pyproject.toml alone builds it
@@ -91,6 +92,13 @@ def assert_only_the_task_is_there(project: Path, task: str) -> None:
     other = {"language_model": "test_llama.py", "image_classification": "test_image_classification.py"}
     assert (project / "tests" / "e2e" / other[task]).is_file()
     assert not any((project / "tests" / "e2e" / name).exists() for key, name in other.items() if key != task)
+    assert (project / "docs" / "fine-tuning.md").is_file() == (task == "language_model")  # a page per task topic
+
+
+def documentation(project: Path) -> str:
+    """The project's documentation as one text: the README, then the pages of docs/."""
+    pages = sorted((project / "docs").rglob("*.md"))
+    return "\n".join(path.read_text() for path in [project / "README.md", *pages])
 
 
 # Whose quick tests CI runs: the other loggers, each task, SLURM on and off (the default answers' projects run
@@ -227,6 +235,7 @@ def test_gitignore_keeps_run_output_builds_and_caches_out_of_git(default_project
         ".mypy_cache/CACHEDIR.TAG",
         "data/prepared/train.bin",
         "model.pt",
+        "site/index.html",
     ]
     for name in ignored:
         (project / name).parent.mkdir(parents=True, exist_ok=True)
@@ -235,7 +244,14 @@ def test_gitignore_keeps_run_output_builds_and_caches_out_of_git(default_project
     status = run(["git", "status", "--porcelain", "--untracked-files=all", "--ignored=no"], cwd=project).stdout
     listed = {line[3:] for line in status.splitlines()}
     assert not [name for name in ignored if name in listed]
-    for kept in ("src/my_project/cli.py", "recipes/cpu-debug.yaml", "pyproject.toml", "constraints.txt", "LICENSE"):
+    for kept in (
+        "src/my_project/cli.py",
+        "recipes/cpu-debug.yaml",
+        "pyproject.toml",
+        "constraints.txt",
+        "LICENSE",
+        "docs/index.md",
+    ):
         assert kept in listed, kept
 
 
@@ -382,3 +398,23 @@ def test_the_generated_package_passes_mypy(default_project: Path) -> None:
     checked = run([sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir", "/dev/null"], cwd=default_project)
     assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-2000:]
     assert "Success" in checked.stdout
+
+
+README_LINES = 300  # one screen; the generated project's documentation goes on in its docs/
+
+
+@pytest.mark.parametrize("project", ["default_project", "image_project"])
+def test_both_readmes_are_one_screen_and_point_to_the_documentation(
+    project: str, request: pytest.FixtureRequest
+) -> None:
+    folder: Path = request.getfixturevalue(project)
+    for readme in (REPO / "README.md", folder / "README.md"):
+        lines = readme.read_text().splitlines()
+        assert len(lines) <= README_LINES, f"{readme}: {len(lines)} lines"
+    assert "docs/" in (REPO / "README.md").read_text()
+    readme = (folder / "README.md").read_text()
+    pages = {path.relative_to(folder).as_posix() for path in (folder / "docs").glob("*.md")}
+    linked = set(re.findall(r"\]\((docs/[\w./-]+\.md)\)", readme))
+    assert linked == pages, (
+        f"pages the README does not link: {sorted(pages - linked)}; missing: {sorted(linked - pages)}"
+    )

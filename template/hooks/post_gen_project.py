@@ -29,6 +29,7 @@ TASK_FILES = {
         *(f"tests/unit/test_{name}.py" for name in ("prepare_benchmark", "prepare_sources", "prepare_ray")),
         *(f"tests/unit/test_{name}.py" for name in ("sizing", "observe", "plan", "strategy_recipes", "lora_adapters")),
         "tests/unit/test_lm_eval_interface.py",
+        *(f"docs/{name}.md" for name in ("fine-tuning", "benchmarks")),
         "tests/unit/test_pipeline_stages.py",
         "tests/e2e/test_pipeline_lifecycle.py",
         *(f"tests/e2e/test_{name}.py" for name in ("llama", "prepared_training", "benchmarks", "bad_input")),

@@ -1,5 +1,5 @@
 """The package's shape: imports flow one way, only strategies/ knows strategies, only tasks/ knows the workload,
-the README's layout lists every top-level module, modules stay small."""
+the layout drawings (the README's and docs/layout.md's) list every top-level module, modules stay small."""
 
 from __future__ import annotations
 
@@ -116,9 +116,10 @@ def test_the_workload_check_finds_a_loss_and_a_token_name(tmp_path: Path) -> Non
     assert "cross_entropy" in named & LOSS_FUNCTIONS and any(WORKLOAD_NAMES.search(name) for name in named)
 
 
-def readme_layout() -> set[str]:
-    """The top-level entries of the package the README's layout drawing lists (`  name.py` or `  name/`)."""
-    readme = (PROJECT / "README.md").read_text()
+def readme_layout(document: str = "README.md") -> set[str]:
+    """The top-level entries of the package a layout drawing lists (`  name.py` or `  name/`): the README's short
+    one, or docs/layout.md's in full."""
+    readme = (PROJECT / document).read_text()
     drawing = readme.split("src/{{ cookiecutter.package_name }}/\n", 1)[1].split("```", 1)[0]
     return {match.rstrip("/") for match in re.findall(r"^  ([\w.]+/?)", drawing, flags=re.MULTILINE)}
 
@@ -126,9 +127,10 @@ def readme_layout() -> set[str]:
 def test_every_top_level_module_of_the_package_is_in_the_readmes_layout() -> None:
     top_level = {path.name for path in SOURCE.iterdir() if path.suffix == ".py" and path.name != "__init__.py"}
     top_level |= {path.name for path in SOURCE.iterdir() if (path / "__init__.py").is_file()}
-    listed = readme_layout()
-    assert top_level - listed == set(), "not in the README's layout"
-    assert listed - top_level == set(), "in the README's layout but not in the package"
+    for document in ("README.md", "docs/layout.md"):
+        listed = readme_layout(document)
+        assert top_level - listed == set(), f"not in the layout of {document}"
+        assert listed - top_level == set(), f"in the layout of {document} but not in the package"
 
 
 def test_the_loop_reads_in_one_sitting_and_no_module_grows_past_400_lines() -> None:

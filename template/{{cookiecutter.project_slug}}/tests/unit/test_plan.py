@@ -193,7 +193,7 @@ def test_the_json_lists_every_candidate_with_the_documented_fields(capsys: pytes
 
 
 def assert_shown_as_printed(shown: object, printed: object, where: str) -> None:
-    """The README's example is the command's output trimmed: the same keys in the same order at every level,
+    """The documented example (docs/strategies.md) is the command's output trimmed: the same keys in the same order at every level,
     each value as printed, a list its first elements, a string ending in '...' a shortened one."""
     if isinstance(shown, dict):
         assert isinstance(printed, dict) and list(shown) == list(printed), f"{where}: {list(shown)} != {list(printed)}"
@@ -208,13 +208,13 @@ def assert_shown_as_printed(shown: object, printed: object, where: str) -> None:
         kept = [part for part in shown.split("...") if part]
         assert isinstance(printed, str) and all(part in printed for part in kept), f"{where}: {printed!r}"
     else:
-        assert shown == printed, f"{where}: the README shows {shown!r}, the command prints {printed!r}"
+        assert shown == printed, f"{where}: docs/strategies.md shows {shown!r}, the command prints {printed!r}"
 
 
-def test_the_readmes_json_example_is_what_the_command_prints(capsys: pytest.CaptureFixture[str]) -> None:
-    readme = (PROJECT / "README.md").read_text()
-    found = re.search(r"`--json` prints the plan as data \(here `plan ([^`]+)`.*?```json\n(.*?)```", readme, re.S)
-    assert found, "the README's plan --json example"
+def test_the_documented_json_example_is_what_the_command_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    page = (PROJECT / "docs" / "strategies.md").read_text()
+    found = re.search(r"`--json` prints the plan as data \(here `plan ([^`]+)`.*?```json\n(.*?)```", page, re.S)
+    assert found, "docs/strategies.md's plan --json example"
     command, example = found.groups()
     arguments = command.split()
     assert arguments[-1] == "--json"

@@ -110,7 +110,7 @@ def render(result: Plan) -> str:
 
 
 def to_json(result: Plan) -> dict[str, Any]:
-    """The plan as data (the schema is in the README, section `plan`)."""
+    """The plan as data (the schema is in docs/strategies.md, section `plan`)."""
     inputs = result.inputs
     options = []
     for e in result.estimates:
