@@ -26,7 +26,6 @@ NOWHERE = "http://127.0.0.1:9"  # a proxy that refuses: a build that reaches for
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The site built as CI builds it: strict (any warning, a missing page or anchor, fails), offline."""
-    pytest.importorskip("material", reason='the documentation site needs mkdocs-material: pip install -e ".[docs]"')
     folder = tmp_path_factory.mktemp("site")
     offline = {name: NOWHERE for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY")}
     built = subprocess.run(
