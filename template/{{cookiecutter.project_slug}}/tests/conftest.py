@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
+from helpers import PROJECT, TOY_TASK, with_task_package
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -15,3 +17,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "deepspeed" in item.nodeid.lower():
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def toy_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This project's src/ copied with the toy task (tests/toy_task.py) added as a package: what the machinery's
+    multi-process tests run (`run_cli(..., source=toy_source)`)."""
+    return with_task_package(PROJECT / "tests" / "toy_task.py", TOY_TASK, tmp_path_factory.mktemp("toy") / "src")

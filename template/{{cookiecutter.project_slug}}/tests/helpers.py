@@ -92,11 +92,11 @@ LOGGED_METRICS = {
 }
 
 
-def cli_env() -> dict[str, str]:
+def cli_env(source: Path | None = None) -> dict[str, str]:
     """Environment for a CLI subprocess: the package (and, for scripts run from tests/, these helpers) importable,
-    W&B offline and quiet."""
+    W&B offline and quiet. `source`: a copy of src/ to import the package from instead (`with_task_package`)."""
     env = dict(os.environ)
-    paths = [str(PROJECT / "src"), str(PROJECT / "tests"), env.get("PYTHONPATH")]
+    paths = [str(source or PROJECT / "src"), str(PROJECT / "tests"), env.get("PYTHONPATH")]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     env.update({"WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"})
     # W&B gives up starting its service after 90 s; a loaded 2-core machine can take longer than that.
@@ -109,11 +109,16 @@ def cli_env() -> dict[str, str]:
 
 
 def run_cli(
-    *args: str, cwd: Path | None = None, timeout: float = 600, fault: str = "", script: Path | None = None
+    *args: str,
+    cwd: Path | None = None,
+    timeout: float = 600,
+    fault: str = "",
+    script: Path | None = None,
+    source: Path | None = None,
 ) -> subprocess.CompletedProcess:
     """Run `python -m <package> ARGS` (or `python SCRIPT ARGS`) in its own session, so an injected fault kills
-    only it; capture its output."""
-    env = cli_env()
+    only it; capture its output. `source`: a copy of src/ to run instead (`with_task_package`)."""
+    env = cli_env(source)
     if fault:
         env["TRAIN_FAULT"] = fault
     return subprocess.run(
@@ -163,6 +168,30 @@ def recipe_args(out_dir: Path, *overrides: str) -> list[str]:
 def train_args(out_dir: Path, *overrides: str) -> list[str]:
     """`train` arguments of the command line: `recipe_args` after the subcommand."""
     return ["train", *recipe_args(out_dir, *overrides)]
+
+
+# The toy task of tests/toy_task.py: what the machinery's own tests train, in every project whatever its task.
+TOY_TASK = "vector_regression"
+TOY_RECIPE = PROJECT / "tests" / "toy-debug.yaml"
+
+
+def with_task_package(module: Path, name: str, target: Path) -> Path:
+    """A copy of the project's src/ at `target` with `module` added as the task package tasks/<name>/ (its imports
+    made relative, as a task written inside the package has them), nothing else touched; returns `target`."""
+    import re
+    import shutil
+
+    shutil.copytree(PROJECT / "src", target, ignore=shutil.ignore_patterns("__pycache__"))
+    package = target / PACKAGE / "tasks" / name
+    package.mkdir()
+    (package / "__init__.py").write_text(f'"""The task {name}, as a package."""\n')
+    (package / "task.py").write_text(re.sub(rf"^from {PACKAGE}\.", "from ...", module.read_text(), flags=re.M))
+    return target
+
+
+def toy_train_args(out_dir: Path, *overrides: str) -> list[str]:
+    """`train` of the toy task's recipe (tests/toy-debug.yaml) with CSV logs in out_dir, then the test's overrides."""
+    return ["train", "--config", str(TOY_RECIPE), "--out_dir", str(out_dir), "--logger.name", "csv", *overrides]
 
 
 # Runs the command line with the named modules unimportable, as on a machine without them.
@@ -228,16 +257,16 @@ def executable(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def run_nodes(args: list[str], nodes: int) -> None:
+def run_nodes(args: list[str], nodes: int, source: Path | None = None) -> None:
     """Run the CLI once per node, as a multi-node launch does, with a real rendezvous over loopback."""
     if nodes == 1:
-        result = run_cli(*args)
+        result = run_cli(*args, source=source)
         assert result.returncode == 0, result.stderr[-3000:]
         return
     port = str(free_port())
     launches = []
     for node_rank in range(nodes):
-        env = {**cli_env(), "NODE_RANK": str(node_rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        env = {**cli_env(source), "NODE_RANK": str(node_rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
         command = [sys.executable, "-m", PACKAGE, *args]
         launches.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     for launch in launches:
@@ -246,16 +275,21 @@ def run_nodes(args: list[str], nodes: int) -> None:
 
 
 def train_each_layout_once(
-    tmp_path_factory: pytest.TempPathFactory, layouts: dict[str, tuple[list[str], int]], shared: list[str]
+    tmp_path_factory: pytest.TempPathFactory,
+    layouts: dict[str, tuple[list[str], int]],
+    shared: list[str],
+    arguments: Callable[..., list[str]] = train_args,
+    source: Path | None = None,
 ) -> Callable[[str], Path]:
-    """name -> out_dir of the run of layouts[name] = (overrides, nodes) after `shared`; each trains once."""
+    """name -> out_dir of the run of layouts[name] = (overrides, nodes) after `shared`; each trains once.
+    `arguments(out_dir, *overrides)`: the command line (the project's cpu-debug, or `toy_train_args` with `source`)."""
     done: dict[str, Path] = {}
 
     def run(name: str) -> Path:
         if name not in done:
             out_dir = tmp_path_factory.mktemp(name)
             overrides, nodes = layouts[name]
-            run_nodes(train_args(out_dir, *shared, *overrides), nodes)
+            run_nodes(arguments(out_dir, *shared, *overrides), nodes, source)
             done[name] = out_dir
         return done[name]
 

@@ -49,18 +49,19 @@ class VectorRecipe(Recipe):
 
 
 class Block(nn.Module):
-    """x + Linear(GELU(LayerNorm(x))): the unit strategies shard, checkpoint and compile."""
+    """x + proj(GELU(fc(LayerNorm(x)))), fc widening by 2: the unit strategies shard, checkpoint and compile."""
 
     def __init__(self, width: int) -> None:
         super().__init__()
-        self.norm, self.linear = nn.LayerNorm(width), nn.Linear(width, width)
+        self.norm, self.fc, self.proj = nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.linear(nn.functional.gelu(self.norm(x)))
+        return x + self.proj(nn.functional.gelu(self.fc(self.norm(x))))
 
 
 class Mlp(nn.Module):
-    """The model contract of tasks/base.py (TrainableModel): `blocks`, `tensor_parallel_plan()`, `init_parameter`."""
+    """The model contract of tasks/base.py (TrainableModel): `blocks`, `tensor_parallel_plan()`, `init_parameter`,
+    and for pipeline parallel `pipeline_ends()` (a stage without the input layer or the head has None there)."""
 
     def __init__(self, config: MlpConfig) -> None:
         super().__init__()
@@ -69,8 +70,16 @@ class Mlp(nn.Module):
         self.head = nn.Linear(config.width, config.outputs)
         init_parameters(self)
 
-    def tensor_parallel_plan(self) -> dict[str, Any]:
-        return {}
+    @staticmethod
+    def tensor_parallel_plan() -> dict[str, Any]:
+        """fc split by columns (hidden units), proj by rows: one all-reduce per block."""
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        return {"fc": ColwiseParallel(), "proj": RowwiseParallel()}
+
+    @staticmethod
+    def pipeline_ends() -> tuple[list[str], list[str]]:
+        return ["input"], ["head"]
 
     def init_parameter(self, name: str, param: torch.Tensor) -> None:
         if name.endswith("norm.weight"):
@@ -81,10 +90,10 @@ class Mlp(nn.Module):
             nn.init.normal_(param, std=0.1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.input(x)
+        x = self.input(x) if self.input is not None else x
         for block in self.blocks:
             x = block(x)
-        return self.head(x)
+        return self.head(x) if self.head is not None else x
 
 
 class Vectors:
@@ -130,7 +139,13 @@ class VectorRegression(Task):
         metrics["loss"].update(self.loss(outputs, targets))
         metrics["mae"].update(outputs, targets)
 
+    def tensor_parallel_dimensions(self) -> dict[str, int]:
+        return {"model.width": self.recipe.model.width}
+
+    def pipeline_blocks(self) -> int:
+        return self.recipe.model.depth
+
     def flops_per_unit(self) -> float:
         config = self.recipe.model
-        matmul = config.inputs * config.width + config.depth * config.width**2 + config.width * config.outputs
-        return 6.0 * matmul
+        blocks = config.depth * 2 * (2 * config.width * config.width)  # fc and proj
+        return 6.0 * (config.inputs * config.width + blocks + config.width * config.outputs)

@@ -1,4 +1,7 @@
-"""A job killed at any point and resumed with `resume: auto` ends bitwise identical to one never interrupted."""
+"""A job killed at any point and resumed with `resume: auto` ends bitwise identical to one never interrupted.
+
+The machinery's own test: it trains the toy task (tests/toy_task.py), so it runs in every project, whatever its task.
+"""
 
 from __future__ import annotations
 
@@ -8,39 +11,30 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import final_weights, losses_by_run, read_csv_metrics, run_cli, train_args
-
-from {{ cookiecutter.package_name }}.tasks.language_model.data import make_demo_text
+from helpers import final_weights, losses_by_run, read_csv_metrics, run_cli, toy_train_args
 
 pytestmark = pytest.mark.slow
 MAX_STEPS = 24
-# 6660 bytes -> 104 training windows of 64 tokens; 8 per step over 2 ranks: epoch 1 starts in step 14.
-CORPUS_BYTES = 6660
+# 118 vectors -> 104 for training (one in 8 held out); 8 per step over 2 ranks: epoch 1 starts in step 14.
+SAMPLES = 118
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("corpus")
-    (folder / "text.txt").write_text(make_demo_text()[: int(CORPUS_BYTES / 0.9) + 1])
-    return folder
-
-
-def overrides(strategy: str, corpus: Path) -> list[str]:
-    """This file's runs: a strategy on a text corpus, resumed automatically."""
+def overrides(strategy: str) -> list[str]:
+    """This file's runs: a strategy on the toy task's vectors, resumed automatically."""
     return [
-        "--strategy.name", strategy, "--data.source", "text", "--data.path", str(corpus), "--data.val_fraction", "0.1",
+        "--strategy.name", strategy, "--data.samples", str(SAMPLES), "--eval.batches", "1",
         "--train.max_steps", str(MAX_STEPS), "--checkpoint.save_every_steps", "8", "--eval.every_steps", "6",
         "--checkpoint.resume", "auto",
     ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> dict[str, tuple[dict, dict]]:
+def reference(tmp_path_factory: pytest.TempPathFactory, toy_source: Path) -> dict[str, tuple[dict, dict]]:
     """One uninterrupted run per strategy: (losses by step, final weights)."""
     results = {}
     for strategy in ("ddp", "fsdp2"):
         out_dir = tmp_path_factory.mktemp(f"reference-{strategy}")
-        result = run_cli(*train_args(out_dir, *overrides(strategy, corpus)))
+        result = run_cli(*toy_train_args(out_dir, *overrides(strategy)), source=toy_source)
         assert result.returncode == 0, result.stderr[-3000:]
         (losses,) = losses_by_run(out_dir)
         assert sorted(losses) == list(range(1, MAX_STEPS + 1))
@@ -62,15 +56,15 @@ def reference(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> dict[st
     ],
 )
 def test_killed_and_resumed_run_is_bitwise_identical(
-    tmp_path: Path, corpus: Path, reference: dict, strategy: str, fault: str, resumes_at: int | None
+    tmp_path: Path, toy_source: Path, reference: dict, strategy: str, fault: str, resumes_at: int | None
 ) -> None:
     expected_losses, expected_weights = reference[strategy]
-    killed = run_cli(*train_args(tmp_path, *overrides(strategy, corpus)), fault=fault)
+    killed = run_cli(*toy_train_args(tmp_path, *overrides(strategy)), fault=fault, source=toy_source)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     if fault.startswith("kill-in-save"):
         assert (tmp_path / "checkpoints" / "step-00000016.partial").is_dir()
 
-    resumed = run_cli(*train_args(tmp_path, *overrides(strategy, corpus)))
+    resumed = run_cli(*toy_train_args(tmp_path, *overrides(strategy)), source=toy_source)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     if resumes_at is None:
         assert "starting from step 0" in resumed.stdout
@@ -92,12 +86,13 @@ def test_killed_and_resumed_run_is_bitwise_identical(
 
 @pytest.mark.parametrize("fault", ["kill-in-save:16", "kill-at-step:19"])
 def test_async_save_resumes_bitwise_identical_to_the_synchronous_run(
-    tmp_path: Path, corpus: Path, reference: dict, fault: str
+    tmp_path: Path, toy_source: Path, reference: dict, fault: str
 ) -> None:
     expected_losses, expected_weights = reference["fsdp2"]
-    killed = run_cli(*train_args(tmp_path, *overrides("fsdp2", corpus), "--checkpoint.async_save", "true"), fault=fault)
+    asynchronous = [*overrides("fsdp2"), "--checkpoint.async_save", "true"]
+    killed = run_cli(*toy_train_args(tmp_path, *asynchronous), fault=fault, source=toy_source)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    resumed = run_cli(*train_args(tmp_path, *overrides("fsdp2", corpus), "--checkpoint.async_save", "true"))
+    resumed = run_cli(*toy_train_args(tmp_path, *asynchronous), source=toy_source)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # A background save becomes visible once written: by the kill at 19 the one of step 16 normally is.
     match = re.search(r"Resumed from \S+ at step (\d+)", resumed.stdout)

@@ -7,24 +7,18 @@ machinery's sections plus the task's `model:` and `data:`. `register` adds a tas
 from __future__ import annotations
 
 import math
-import os
-import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from helpers import (
-    PACKAGE,
-    PROJECT,
     UNIT,
     assert_same_losses,
     assert_same_weights,
-    cli_env,
     final_weights,
     read_csv_metrics,
+    run_cli,
     train_losses,
 )
 from toy_task import VectorRecipe, VectorRegression
@@ -55,37 +49,9 @@ def write_recipe(folder: Path, strategy: str) -> Path:
     return path
 
 
-def add_task_package(source: Path, name: str, target: Path) -> Path:
-    """A copy of the project's source with `tests/toy_task.py` as the package tasks/<name>/ (its imports made relative,
-    as a task written inside the package has them); the copy's src folder."""
-    shutil.copytree(PROJECT / "src", target, ignore=shutil.ignore_patterns("__pycache__"))
-    package = target / PACKAGE / "tasks" / name
-    package.mkdir()
-    (package / "__init__.py").write_text(
-        '"""Regression of random vectors with an MLP: the toy task, as a package."""\n'
-    )
-    code = re.sub(rf"^from {PACKAGE}\.", "from ...", source.read_text(), flags=re.M)
-    (package / "task.py").write_text(code)
-    return target
-
-
-@pytest.fixture(scope="module")
-def toy_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This project's source with the toy task added as a package."""
-    target = tmp_path_factory.mktemp("copy") / "src"
-    return add_task_package(PROJECT / "tests" / "toy_task.py", VectorRegression.name, target)
-
-
 def run_toy(source: Path, *args: str, fault: str = "") -> subprocess.CompletedProcess:
-    """`python -m <package> ARGS` on the copy of the source that holds the toy task."""
-    env = cli_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(source), str(PROJECT / "tests")])
-    if fault:
-        env["TRAIN_FAULT"] = fault
-    command = [sys.executable, "-m", PACKAGE, *args]
-    return subprocess.run(
-        command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600, start_new_session=True
-    )
+    """`python -m <package> ARGS` on the copy of the source that holds the toy task (conftest.py's `toy_source`)."""
+    return run_cli(*args, fault=fault, source=source)
 
 
 def train_toy(source: Path, folder: Path, strategy: str, fault: str = "") -> subprocess.CompletedProcess:
@@ -117,7 +83,7 @@ def test_a_task_added_as_one_package_trains_under_ddp_and_fsdp2_alike(uninterrup
     assert len(mae) == 2 and all(math.isfinite(value) and value > 0 for value in mae)
     assert any(row.get("throughput/vectors_per_second") for row in rows)
     assert {float(row["throughput/flops_per_vector"]) for row in rows if row.get("throughput/flops_per_vector")} == {
-        6.0 * (8 * 32 + 3 * 32 * 32 + 32 * 4)
+        6.0 * (8 * 32 + 3 * 2 * 2 * 32 * 32 + 32 * 4)  # input, 3 blocks of fc (32 -> 64) and proj (64 -> 32), head
     }
     project_unit = f"throughput/{UNIT}s"  # the project task's unit, not this one's
     assert not any(key.startswith(project_unit) for row in rows for key in row if row[key])
@@ -147,8 +113,18 @@ def test_an_unregistered_task_is_refused_naming_the_registered_ones(
     assert f"task='{VectorRegression.name}' is not one of: {{ cookiecutter.task }}" in err
 
 
+class VectorRegressionWithoutTensorParallel(VectorRegression):
+    """The toy task declaring no dimension tensor parallel must divide: it has no tensor-parallel plan to use."""
+
+    name = "vector_regression_without_tensor_parallel"
+
+    def tensor_parallel_dimensions(self) -> dict[str, int]:
+        return {}
+
+
 def test_a_registered_task_reads_its_own_sections_and_refuses_the_project_tasks(tmp_path: Path) -> None:
     register(VectorRegression)
+    register(VectorRegressionWithoutTensorParallel)
     try:
         from {{ cookiecutter.package_name }}.errors import RecipeError
         from {{ cookiecutter.package_name }}.recipe.load import load_recipe, parse_recipe
@@ -157,14 +133,14 @@ def test_a_registered_task_reads_its_own_sections_and_refuses_the_project_tasks(
         assert isinstance(recipe, VectorRecipe) and recipe.model.width == 32 and recipe.data.samples == 512
         with pytest.raises(RecipeError, match=r"unknown option '--model.n_layer' \(allowed in model: inputs"):
             parse_recipe(["--config", str(write_recipe(tmp_path, "fsdp2")), "--model.n_layer", "2"])
-        with pytest.raises(RecipeError, match="task=vector_regression has no tensor-parallel plan"):
-            parse_recipe(
-                ["--config", str(write_recipe(tmp_path, "fsdp2")), "--strategy.fsdp2.tensor_parallel_size", "2"]
-            )
+        without_plan = ["--task", VectorRegressionWithoutTensorParallel.name, "--strategy.fsdp2.tensor_parallel_size"]
+        with pytest.raises(RecipeError, match="task=vector_regression_without_tensor_parallel has no tensor-parallel"):
+            parse_recipe(["--config", str(write_recipe(tmp_path, "fsdp2")), *without_plan, "2"])
     finally:
         from {{ cookiecutter.package_name }}.tasks import REGISTRY
 
         REGISTRY.pop(VectorRegression.name)
+        REGISTRY.pop(VectorRegressionWithoutTensorParallel.name)
 
 
 def test_a_task_package_is_found_by_its_folder_and_passes_check(tmp_path: Path, toy_source: Path) -> None:
