@@ -62,9 +62,7 @@ def test_default_answers_give_the_documented_layout(default_project: Path) -> No
     ):
         assert (default_project / extra).is_file(), extra
     assert not (default_project / "setup.py").exists()  # pyproject.toml alone builds it
-    assert 'default="wandb"' in (package / "recipe" / "schema.py").read_text().replace(" ", "").replace(
-        'Literal["wandb","tensorboard","csv","none"]=', "default="
-    )
+    assert 'DEFAULT_LOGGER = "wandb"' in (package / "project.py").read_text()  # logger.name's default (schema.py)
 
 
 def test_the_recipe_library_is_copied_verbatim(default_project: Path) -> None:
@@ -94,6 +92,27 @@ def assert_only_the_task_is_there(project: Path, task: str) -> None:
     assert not any((project / "tests" / "e2e" / name).exists() for key, name in other.items() if key != task)
 
 
+# The code that writes or submits SLURM jobs: its modules, and what names them or the job scripts.
+SLURM_MODULES = ("commands/slurm.py", "commands/submit.py", "cluster/slurm.py", "cluster/submit.py")
+SLURM_WRITERS = re.compile(r"sbatch|slurm\.py|submit\.py|import submitit|submitit[>=<]")
+
+
+def assert_slurm_writers_only_if_chosen(project: Path, include_slurm: bool) -> None:
+    """Without SLURM the project neither writes nor submits a SLURM job: no module of it, no command, no line of
+    src/, tests/ or pyproject.toml naming an sbatch script, those modules or the submitit package. (A run under
+    srun is still recognised: Fabric's rank variables, the requeue of a preempted job stay.)"""
+    package = project / "src" / "my_project"
+    assert [(package / name).is_file() for name in SLURM_MODULES] == [include_slurm] * len(SLURM_MODULES)
+    listed = run([sys.executable, "-m", "my_project", "--help"], cwd=project, PYTHONPATH=str(project / "src"))
+    assert listed.returncode == 0, listed.stderr
+    offered = set(re.findall(r"^\s{4}(\w+)\s", listed.stdout, re.M))
+    assert {"train", "k8s", "ray"} <= offered and ({"slurm", "submit"} <= offered) == include_slurm, listed.stdout
+    if not include_slurm:
+        files = [*text_files(package), *text_files(project / "tests"), project / "pyproject.toml"]
+        naming = [str(p.relative_to(project)) for p in files if SLURM_WRITERS.search(p.read_text())]
+        assert not naming, naming
+
+
 # Whose quick tests CI runs: the other loggers, each task, SLURM on and off (the default answers' projects run
 # theirs in test_generated_project.py); the other combinations' quick tests under `scripts/test.sh --full`.
 QUICK_IN_CI = {("tensorboard", "no", "image_classification"), ("csv", "yes", "language_model")}
@@ -107,8 +126,8 @@ def test_every_choice_renders_and_lints(tmp_path: Path, logger: str, include_slu
     assert_ruff_clean(project)
     assert (project / "scripts" / "slurm" / "train.sbatch").exists() == (include_slurm == "yes")
     assert ("sbatch" in (project / "README.md").read_text()) == (include_slurm == "yes")
-    config = (project / "src" / "my_project" / "recipe" / "schema.py").read_text()
-    assert re.search(rf'name: Literal\[.*\] = "{logger}"', config)
+    assert_slurm_writers_only_if_chosen(project, include_slurm == "yes")
+    assert f'DEFAULT_LOGGER = "{logger}"' in (project / "src" / "my_project" / "project.py").read_text()
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """Bring the chosen task's recipe library into the new project and remove files for options not chosen:
-the other task's package and tests, the SLURM scripts, the LICENSE."""
+the other task's package and tests, the SLURM job writers and their tests, the LICENSE."""
 
 import shutil
 import subprocess
@@ -42,6 +42,24 @@ TASK_FILES = {
     ],
 }
 
+# What writes or submits SLURM jobs: the job script, the `slurm` command (sbatch scripts) and the `submit` command
+# (submitit, whose job options and checks are the `slurm` command's). commands/__init__.py lists only the
+# commands whose module is there. A run started inside a SLURM allocation is still recognised (Fabric reads
+# SLURM's ranks; a preempted rank requeues its job): that is the environment a run finds, not a job writer.
+SLURM_FILES = [
+    "scripts/slurm",
+    *(f"src/{PACKAGE}/{layer}/{name}.py" for layer in ("commands", "cluster") for name in ("slurm", "submit")),
+    "tests/unit/test_slurm.py",
+    "tests/e2e/test_submit.py",
+]
+
+
+def remove(project: Path, names: list[str]) -> None:
+    """Remove these files and folders of the project."""
+    for name in names:
+        path = project / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
 
 def copy_library(library: Path, project: Path) -> None:
     """Copy the recipe files of the chosen task in `library` (recipes/<task>/) into the project's recipes/."""
@@ -78,13 +96,11 @@ def prune(project: Path) -> None:
     for task, files in TASK_FILES.items():
         if task != TASK:
             shutil.rmtree(project / "src" / PACKAGE / "tasks" / task)
-            for name in files:
-                path = project / name
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
+            remove(project, files)
     if LICENSE == "none":
         (project / "LICENSE").unlink()
     if not INCLUDE_SLURM:
-        shutil.rmtree(project / "scripts" / "slurm")
+        remove(project, SLURM_FILES)
         scripts = project / "scripts"
         if scripts.is_dir() and not any(scripts.iterdir()):
             scripts.rmdir()
