@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, REPO, bake, run
+from conftest import BIN, LIBRARY, REPO, bake, run
 from cookiecutter.exceptions import FailedHookException
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -66,7 +66,7 @@ def test_default_answers_give_the_documented_layout(default_project: Path) -> No
 
 
 def test_the_recipe_library_is_copied_verbatim(default_project: Path) -> None:
-    library = sorted((REPO / "recipes" / "language_model").glob("*.yaml"))  # the default task's
+    library = sorted((LIBRARY / "language_model").glob("*.yaml"))  # the default task's
     assert len(library) >= 5
     for recipe in library:
         assert (default_project / "recipes" / recipe.name).read_bytes() == recipe.read_bytes()
@@ -85,7 +85,8 @@ def assert_only_the_task_is_there(project: Path, task: str) -> None:
     tasks = project / "src" / "my_project" / "tasks"
     assert {path.name for path in tasks.iterdir() if path.is_dir() and path.name != "__pycache__"} == {task}
     recipes = sorted((project / "recipes").glob("*.yaml"))
-    assert [path.name for path in recipes] == sorted(path.name for path in (REPO / "recipes" / task).glob("*.yaml"))
+    assert [path.name for path in recipes] == sorted(path.name for path in (LIBRARY / task).glob("*.yaml"))
+    assert not [path for path in (project / "recipes").iterdir() if path.is_dir()]  # no task's folder is left
     assert all(f"task: {task}" in path.read_text() for path in recipes)
     other = {"language_model": "test_llama.py", "image_classification": "test_image_classification.py"}
     assert (project / "tests" / "e2e" / other[task]).is_file()
@@ -187,7 +188,7 @@ def test_unknown_choice_is_refused(tmp_path: Path, answer: str, value: str) -> N
 
 
 def test_every_recipe_says_when_to_choose_it() -> None:
-    for recipe in sorted((REPO / "recipes").glob("*/*.yaml")):
+    for recipe in sorted(LIBRARY.glob("*/*.yaml")):
         header = recipe.read_text().splitlines()[:2]
         assert all(line.startswith("# ") for line in header), recipe.name
         assert "choose" in " ".join(header).lower(), recipe.name

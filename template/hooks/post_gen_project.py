@@ -1,18 +1,10 @@
-"""Bring the chosen task's recipe library into the new project and remove files for options not chosen:
-the other task's package and tests, the SLURM job writers and their tests, the LICENSE."""
+"""Keep the chosen task's recipe library in the new project and remove files for options not chosen:
+the other task's package, recipes and tests, the SLURM job writers and their tests, the LICENSE."""
 
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-# cookiecutter names the template folder; the recipe library lives beside it at the top of the
-# template repository. cruft (`cruft create/update ... --directory template`) renders from a clone it
-# does not name, but gives the repository and the commit it renders.
-TEMPLATE_DIR = {{ cookiecutter.get("_repo_dir", "") | tojson }}
-TEMPLATE_REPOSITORY = {{ cookiecutter.get("_template", "") | tojson }}
-TEMPLATE_COMMIT = {{ cookiecutter.get("_commit", "") | tojson }}
 INCLUDE_SLURM = {{ cookiecutter.include_slurm | tojson }} == "yes"
 LICENSE = {{ cookiecutter.license | tojson }}
 TASK = {{ cookiecutter.task | tojson }}
@@ -61,34 +53,17 @@ def remove(project: Path, names: list[str]) -> None:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
-def copy_library(library: Path, project: Path) -> None:
-    """Copy the recipe files of the chosen task in `library` (recipes/<task>/) into the project's recipes/."""
-    library = library / TASK
-    if not library.is_dir():
-        sys.exit(f"ERROR: recipe library not found at {library}; the template repository is incomplete")
-    target = project / "recipes"
-    target.mkdir(exist_ok=True)
-    for recipe in sorted(library.glob("*.yaml")):
-        shutil.copy2(recipe, target / recipe.name)
-
-
-def copy_recipes(project: Path) -> None:
-    """Copy the top-level recipes/<task>/ (the single source of truth) of the template into the project."""
-    if TEMPLATE_DIR:
-        copy_library(Path(TEMPLATE_DIR).parent / "recipes", project)
-        return
-    # Under cruft: the library of the very commit being rendered, from the repository it came from.
-    with tempfile.TemporaryDirectory() as clone:
-        steps = [["clone", "--quiet", TEMPLATE_REPOSITORY, clone]]
-        if TEMPLATE_COMMIT:
-            steps.append(["-C", clone, "-c", "advice.detachedHead=false", "checkout", "--quiet", TEMPLATE_COMMIT])
-        for step in steps:
-            fetched = subprocess.run(["git", *step], capture_output=True, text=True)
-            if fetched.returncode != 0:
-                break
-        if fetched.returncode != 0:
-            sys.exit(f"ERROR: could not fetch the recipe library from {TEMPLATE_REPOSITORY}: {fetched.stderr.strip()}")
-        copy_library(Path(clone) / "recipes", project)
+def keep_the_tasks_recipes(project: Path) -> None:
+    """The template holds every task's recipe library, recipes/<task>/ (so that cookiecutter and cruft bring it with
+    the rest of the template, in one fetch); the project keeps its task's, directly in recipes/."""
+    library = project / "recipes"
+    chosen = library / TASK
+    if not chosen.is_dir():
+        sys.exit(f"ERROR: the template has no recipes for task {TASK} (recipes/{TASK}/): it is incomplete")
+    for recipe in sorted(chosen.glob("*.yaml")):
+        recipe.rename(library / recipe.name)
+    for folder in [path for path in library.iterdir() if path.is_dir()]:
+        shutil.rmtree(folder)
 
 
 def prune(project: Path) -> None:
@@ -108,5 +83,5 @@ def prune(project: Path) -> None:
 
 if __name__ == "__main__":
     project_dir = Path.cwd()
-    copy_recipes(project_dir)
+    keep_the_tasks_recipes(project_dir)
     prune(project_dir)
