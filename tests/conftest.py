@@ -13,6 +13,8 @@ from cookiecutter.main import cookiecutter
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+# The recipe library, one folder per task, inside the template: a project keeps its task's in recipes/.
+LIBRARY = REPO / "template" / "{{cookiecutter.project_slug}}" / "recipes"
 
 
 def bake(output_dir: Path, **answers: Any) -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, REPO, bake, run
+from conftest import BIN, LIBRARY, REPO, bake, run
 from cookiecutter.exceptions import FailedHookException
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -68,7 +68,7 @@ def test_default_answers_give_the_documented_layout(default_project: Path) -> No
 
 
 def test_the_recipe_library_is_copied_verbatim(default_project: Path) -> None:
-    library = sorted((REPO / "recipes" / "language_model").glob("*.yaml"))  # the default task's
+    library = sorted((LIBRARY / "language_model").glob("*.yaml"))  # the default task's
     assert len(library) >= 5
     for recipe in library:
         assert (default_project / "recipes" / recipe.name).read_bytes() == recipe.read_bytes()
@@ -87,7 +87,8 @@ def assert_only_the_task_is_there(project: Path, task: str) -> None:
     tasks = project / "src" / "my_project" / "tasks"
     assert {path.name for path in tasks.iterdir() if path.is_dir() and path.name != "__pycache__"} == {task}
     recipes = sorted((project / "recipes").glob("*.yaml"))
-    assert [path.name for path in recipes] == sorted(path.name for path in (REPO / "recipes" / task).glob("*.yaml"))
+    assert [path.name for path in recipes] == sorted(path.name for path in (LIBRARY / task).glob("*.yaml"))
+    assert not [path for path in (project / "recipes").iterdir() if path.is_dir()]  # no task's folder is left
     assert all(f"task: {task}" in path.read_text() for path in recipes)
     other = {"language_model": "test_llama.py", "image_classification": "test_image_classification.py"}
     assert (project / "tests" / "e2e" / other[task]).is_file()
@@ -99,6 +100,27 @@ def documentation(project: Path) -> str:
     """The project's documentation as one text: the README, then the pages of docs/."""
     pages = sorted((project / "docs").rglob("*.md"))
     return "\n".join(path.read_text() for path in [project / "README.md", *pages])
+
+
+# The code that writes or submits SLURM jobs: its modules, and what names them or the job scripts.
+SLURM_MODULES = ("commands/slurm.py", "commands/submit.py", "cluster/slurm.py", "cluster/submit.py")
+SLURM_WRITERS = re.compile(r"sbatch|slurm\.py|submit\.py|import submitit|submitit[>=<]")
+
+
+def assert_slurm_writers_only_if_chosen(project: Path, include_slurm: bool) -> None:
+    """Without SLURM the project neither writes nor submits a SLURM job: no module of it, no command, no line of
+    src/, tests/ or pyproject.toml naming an sbatch script, those modules or the submitit package. (A run under
+    srun is still recognised: Fabric's rank variables, the requeue of a preempted job stay.)"""
+    package = project / "src" / "my_project"
+    assert [(package / name).is_file() for name in SLURM_MODULES] == [include_slurm] * len(SLURM_MODULES)
+    listed = run([sys.executable, "-m", "my_project", "--help"], cwd=project, PYTHONPATH=str(project / "src"))
+    assert listed.returncode == 0, listed.stderr
+    offered = set(re.findall(r"^\s{4}(\w+)\s", listed.stdout, re.M))
+    assert {"train", "k8s", "ray"} <= offered and ({"slurm", "submit"} <= offered) == include_slurm, listed.stdout
+    if not include_slurm:
+        files = [*text_files(package), *text_files(project / "tests"), project / "pyproject.toml"]
+        naming = [str(p.relative_to(project)) for p in files if SLURM_WRITERS.search(p.read_text())]
+        assert not naming, naming
 
 
 # Whose quick tests CI runs: the other loggers, each task, SLURM on and off (the default answers' projects run
@@ -113,7 +135,8 @@ def test_every_choice_renders_and_lints(tmp_path: Path, logger: str, include_slu
     assert_only_the_task_is_there(project, task)
     assert_ruff_clean(project)
     assert (project / "scripts" / "slurm" / "train.sbatch").exists() == (include_slurm == "yes")
-    assert ("sbatch" in (project / "README.md").read_text()) == (include_slurm == "yes")
+    assert ("sbatch" in documentation(project)) == (include_slurm == "yes")
+    assert_slurm_writers_only_if_chosen(project, include_slurm == "yes")
     facts = (project / "src" / "my_project" / "project.py").read_text()
     assert re.search(rf'^DEFAULT_LOGGER = "{logger}"', facts, re.M)
 
@@ -175,7 +198,7 @@ def test_unknown_choice_is_refused(tmp_path: Path, answer: str, value: str) -> N
 
 
 def test_every_recipe_says_when_to_choose_it() -> None:
-    for recipe in sorted((REPO / "recipes").glob("*/*.yaml")):
+    for recipe in sorted(LIBRARY.glob("*/*.yaml")):
         header = recipe.read_text().splitlines()[:2]
         assert all(line.startswith("# ") for line in header), recipe.name
         assert "choose" in " ".join(header).lower(), recipe.name

@@ -1,25 +1,18 @@
-"""Bring the chosen task's recipe library into the new project and remove files for options not chosen:
-the other task's package and tests, the SLURM scripts, the LICENSE."""
+"""Keep the chosen task's recipe library in the new project and remove files for options not chosen:
+the other task's package, recipes and tests, the SLURM job writers and their tests, the LICENSE."""
 
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-# cookiecutter names the template folder; the recipe library lives beside it at the top of the
-# template repository. cruft (`cruft create/update ... --directory template`) renders from a clone it
-# does not name, but gives the repository and the commit it renders.
-TEMPLATE_DIR = {{ cookiecutter.get("_repo_dir", "") | tojson }}
-TEMPLATE_REPOSITORY = {{ cookiecutter.get("_template", "") | tojson }}
-TEMPLATE_COMMIT = {{ cookiecutter.get("_commit", "") | tojson }}
 INCLUDE_SLURM = {{ cookiecutter.include_slurm | tojson }} == "yes"
 LICENSE = {{ cookiecutter.license | tojson }}
 TASK = {{ cookiecutter.task | tojson }}
 PACKAGE = {{ cookiecutter.package_name | tojson }}
-# What only one task uses, beside its package src/<package>/tasks/<task>/: its tests; and, for now, the tests of
-# the machinery (monitor, plan, strategy construction, refused inputs, resume), the benchmarks and the GPU
-# scripts that are written around the language model.
+# What only one task uses, beside its package src/<package>/tasks/<task>/: its tests; and, until they train the toy
+# task of tests/toy_task.py as test_resume and test_strategies do, the tests of the machinery written around the
+# language model (monitor, plan, strategy construction, refused inputs, checkpoint commands, pipeline), the
+# benchmarks and the GPU scripts.
 TASK_FILES = {
     "language_model": [
         "benchmarks",
@@ -33,8 +26,8 @@ TASK_FILES = {
         "tests/unit/test_pipeline_stages.py",
         "tests/e2e/test_pipeline_lifecycle.py",
         *(f"tests/e2e/test_{name}.py" for name in ("llama", "prepared_training", "benchmarks", "bad_input")),
-        *(f"tests/e2e/test_{name}.py" for name in ("checkpoint_cli", "mixed_precision", "plan_written", "resume")),
-        *(f"tests/e2e/test_{name}.py" for name in ("strategies", "remote_corpus", "evaluate", "lora", "pipeline")),
+        *(f"tests/e2e/test_{name}.py" for name in ("checkpoint_cli", "mixed_precision", "plan_written", "gpt_layouts")),
+        *(f"tests/e2e/test_{name}.py" for name in ("remote_corpus", "evaluate", "lora", "pipeline")),
         *("tests/unit/test_sft.py", "tests/e2e/test_sft_resume.py"),
     ],
     "image_classification": [
@@ -43,35 +36,36 @@ TASK_FILES = {
     ],
 }
 
+# What writes or submits SLURM jobs: the job script, the `slurm` command (sbatch scripts) and the `submit` command
+# (submitit, whose job options and checks are the `slurm` command's). commands/__init__.py lists only the
+# commands whose module is there. A run started inside a SLURM allocation is still recognised (Fabric reads
+# SLURM's ranks; a preempted rank requeues its job): that is the environment a run finds, not a job writer.
+SLURM_FILES = [
+    "scripts/slurm",
+    *(f"src/{PACKAGE}/{layer}/{name}.py" for layer in ("commands", "cluster") for name in ("slurm", "submit")),
+    "tests/unit/test_slurm.py",
+    "tests/e2e/test_submit.py",
+]
 
-def copy_library(library: Path, project: Path) -> None:
-    """Copy the recipe files of the chosen task in `library` (recipes/<task>/) into the project's recipes/."""
-    library = library / TASK
-    if not library.is_dir():
-        sys.exit(f"ERROR: recipe library not found at {library}; the template repository is incomplete")
-    target = project / "recipes"
-    target.mkdir(exist_ok=True)
-    for recipe in sorted(library.glob("*.yaml")):
-        shutil.copy2(recipe, target / recipe.name)
+
+def remove(project: Path, names: list[str]) -> None:
+    """Remove these files and folders of the project."""
+    for name in names:
+        path = project / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
-def copy_recipes(project: Path) -> None:
-    """Copy the top-level recipes/<task>/ (the single source of truth) of the template into the project."""
-    if TEMPLATE_DIR:
-        copy_library(Path(TEMPLATE_DIR).parent / "recipes", project)
-        return
-    # Under cruft: the library of the very commit being rendered, from the repository it came from.
-    with tempfile.TemporaryDirectory() as clone:
-        steps = [["clone", "--quiet", TEMPLATE_REPOSITORY, clone]]
-        if TEMPLATE_COMMIT:
-            steps.append(["-C", clone, "-c", "advice.detachedHead=false", "checkout", "--quiet", TEMPLATE_COMMIT])
-        for step in steps:
-            fetched = subprocess.run(["git", *step], capture_output=True, text=True)
-            if fetched.returncode != 0:
-                break
-        if fetched.returncode != 0:
-            sys.exit(f"ERROR: could not fetch the recipe library from {TEMPLATE_REPOSITORY}: {fetched.stderr.strip()}")
-        copy_library(Path(clone) / "recipes", project)
+def keep_the_tasks_recipes(project: Path) -> None:
+    """The template holds every task's recipe library, recipes/<task>/ (so that cookiecutter and cruft bring it with
+    the rest of the template, in one fetch); the project keeps its task's, directly in recipes/."""
+    library = project / "recipes"
+    chosen = library / TASK
+    if not chosen.is_dir():
+        sys.exit(f"ERROR: the template has no recipes for task {TASK} (recipes/{TASK}/): it is incomplete")
+    for recipe in sorted(chosen.glob("*.yaml")):
+        recipe.rename(library / recipe.name)
+    for folder in [path for path in library.iterdir() if path.is_dir()]:
+        shutil.rmtree(folder)
 
 
 def prune(project: Path) -> None:
@@ -79,13 +73,11 @@ def prune(project: Path) -> None:
     for task, files in TASK_FILES.items():
         if task != TASK:
             shutil.rmtree(project / "src" / PACKAGE / "tasks" / task)
-            for name in files:
-                path = project / name
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
+            remove(project, files)
     if LICENSE == "none":
         (project / "LICENSE").unlink()
     if not INCLUDE_SLURM:
-        shutil.rmtree(project / "scripts" / "slurm")
+        remove(project, SLURM_FILES)
         scripts = project / "scripts"
         if scripts.is_dir() and not any(scripts.iterdir()):
             scripts.rmdir()
@@ -93,5 +85,5 @@ def prune(project: Path) -> None:
 
 if __name__ == "__main__":
     project_dir = Path.cwd()
-    copy_recipes(project_dir)
+    keep_the_tasks_recipes(project_dir)
     prune(project_dir)

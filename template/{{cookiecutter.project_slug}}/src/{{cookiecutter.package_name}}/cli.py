@@ -1,5 +1,5 @@
-"""Command line: `<project> COMMAND ...`, one command per module of commands/ (train, recipes, plan, checkpoint, slurm,
-submit, ray) plus the default task's own (the language model's prepare, sample, export).
+"""Command line: `<project> COMMAND ...`, one command per module of commands/ (train, recipes, plan, checkpoint,
+ray, ...) plus the default task's own (the language model's prepare, sample, export).
 
 The commands come from one table (commands/__init__.py: `command_table()`, the machinery's `COMMANDS` and the
 task's `commands`); this module builds the top-level parser from it, each command listed with its HELP,

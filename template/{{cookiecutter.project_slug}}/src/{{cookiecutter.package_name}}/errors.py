@@ -14,7 +14,7 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """Exit codes of every command; launchers and scripts/slurm/train.sbatch act on them."""
+    """Exit codes of every command; launchers and job scripts act on them."""
 
     OK = 0
     JOB_FAILED = 1  # `submit --wait`: the job failed or ended unfinished; its log says why

@@ -111,7 +111,10 @@ def command_options(parser: Any, command: str = "") -> dict[str, list[str]]:
 def test_every_option_of_every_command_is_spelled_with_underscores() -> None:
     options = command_options(build_parser())
     every = {name for names in options.values() for name in names}
-    assert {"--gpu_memory_gib", "--job_name", "--max_timeouts", "--train.max_steps"} <= every
+    assert {"--gpu_memory_gib", "--train.max_steps", "--pvc"} <= every
+{%- if cookiecutter.include_slurm == "yes" %}
+    assert {"--job_name", "--max_timeouts"} <= every
+{%- endif %}
     dashed = {command: [name for name in names if "-" in name[2:]] for command, names in options.items()}
     assert not {command: names for command, names in dashed.items() if names}
 
@@ -120,8 +123,10 @@ def test_every_option_of_every_command_is_spelled_with_underscores() -> None:
     "words",
     [
         ["plan", "fsdp2-node", "--gpu-memory-gib", "80"],
+{%- if cookiecutter.include_slurm == "yes" %}
         ["slurm", "fsdp2-node", "--job-name=mine"],
         ["submit", "cpu-debug", "--max-timeouts", "2"],
+{%- endif %}
         ["train", "--config", "recipes/cpu-debug.yaml", "--train.max-steps", "5"],
     ],
 )

@@ -158,6 +158,7 @@ def test_prepare_writes_every_image_resized_with_the_class_folders_as_labels(
     prepared: Path, image_folder: Path
 ) -> None:
     manifest = json.loads((prepared / "manifest.json").read_text())
+    assert manifest["task"] == "image_classification"  # the task `data verify` reads the folder with
     assert manifest["classes"] == CLASSES and class_names(prepared_data(prepared)) == CLASSES
     assert (manifest["image_size"], manifest["channels"], manifest["images"]) == (8, 3, 19)
     assert manifest["sources"]["ignored_files"] == 1  # notes.txt

@@ -14,7 +14,9 @@ from helpers import run_cli_without
         ["--help"],
         ["recipes", "list"],
         ["plan", "cpu-debug"],
+{%- if cookiecutter.include_slurm == "yes" %}
         ["submit", "--help"],
+{%- endif %}
         ["k8s", "cpu-debug", "--kind", "rayjob", "--image", "img", "--pvc", "runs", "--out_dir", "/runs/a"],
     ],
     ids=" ".join,

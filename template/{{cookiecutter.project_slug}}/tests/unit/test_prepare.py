@@ -243,6 +243,7 @@ def test_start_checks_sizes_and_data_verify_reads_every_byte(prepared: Path, tmp
     intact = run_cli("data", "verify", str(prepared))
     assert intact.returncode == 0, intact.stderr
     manifest = json.loads((prepared / "manifest.json").read_text())
+    assert manifest["task"] == "language_model"  # the task `data verify` reads the folder with
     assert f"{prepared}: every file matches its manifest: {manifest['tokens']:,} tokens in" in intact.stdout
     refused = run_cli("data", "verify", str(damaged))
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
@@ -252,6 +253,17 @@ def test_start_checks_sizes_and_data_verify_reads_every_byte(prepared: Path, tmp
         shard.write(b"\0\0")
     with pytest.raises(RecipeError, match=r"shard-00002\.bin has \d+ bytes, manifest.json says \d+"):
         open_prepared(damaged)
+
+
+def test_a_manifest_that_names_no_task_is_read_with_the_projects(prepared: Path, tmp_path: Path) -> None:
+    """A folder prepared before manifests named their task still verifies."""
+    older = tmp_path / "older"
+    shutil.copytree(prepared, older)
+    manifest = json.loads((older / "manifest.json").read_text())
+    del manifest["task"]
+    (older / "manifest.json").write_text(json.dumps(manifest))
+    result = run_cli("data", "verify", str(older))
+    assert result.returncode == 0 and f"{older}: every file matches its manifest" in result.stdout, result.stderr
 
 
 def test_small_train_tokenizer_size_is_refused(tmp_path: Path, corpus: tuple[Path, list[str]]) -> None:

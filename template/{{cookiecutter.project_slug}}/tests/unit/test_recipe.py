@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from helpers import RECIPES, fail_with, run_cli
 
+from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.checks import check_recipe
 from {{ cookiecutter.package_name }}.recipe.load import load_recipe, parse_recipe
@@ -94,6 +95,26 @@ def test_dotted_overrides_apply_on_top_of_the_file() -> None:
     )
     assert recipe.train.max_steps == 7 and recipe.strategy.name == "ddp"
     assert recipe.devices == 2  # untouched values come from the file
+
+
+def test_recipes_validate_applies_the_overrides_train_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["recipes", "validate", "cpu-debug", str(RECIPES / "cpu-debug.yaml"), "--devices", "3", "--train.max_steps=5"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all(" --devices 3 --train.max_steps=5: 3 process(es) = 3 device(s)" in x for x in lines)
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [(["--train.max_step", "5"], "--train.max_step"), (["--train.max_steps", "-5"], "train.max_steps=-5")],
+    ids=["unknown field", "out of range"],
+)
+def test_recipes_validate_refuses_a_bad_override_as_train_does(
+    override: list[str], field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = str(RECIPES / "cpu-debug.yaml")
+    refused = fail_with(["recipes", "validate", recipe, *override], capsys)
+    assert field in refused and "cpu-debug.yaml" in refused
+    assert refused == fail_with(["train", "--config", recipe, *override], capsys)
 
 
 def test_print_config_shows_the_resolved_recipe() -> None:

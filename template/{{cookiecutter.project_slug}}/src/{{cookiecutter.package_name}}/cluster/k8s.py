@@ -25,8 +25,8 @@ import yaml
 from ..errors import RecipeError
 from ..project import PROJECT
 from ..recipe.schema import Recipe
+from .jobs import gpus_per_node, shown
 from .launchers import PACKAGE, torchrun_command
-from .slurm import gpus_per_node, shown
 
 KINDS = ("pytorchjob", "rayjob")
 MOUNT = "/runs"

@@ -1,16 +1,16 @@
 """Preemption: on SIGUSR1, SIGUSR2 or SIGTERM every rank saves at the next step boundary, the job is requeued, and it exits.
 
-SLURM sends SIGUSR1 before the time limit (`#SBATCH --signal=USR1@120`), submitit's jobs get SIGUSR2
-(`<project> submit`: submit.py), and SLURM sends SIGTERM when it preempts or cancels; Kubernetes and
+SLURM sends SIGUSR1 before the time limit when a job asks for it (`--signal=USR1@120`), submitit's jobs get
+SIGUSR2, and SLURM sends SIGTERM when it preempts or cancels; Kubernetes and
 torchrun's agent send SIGTERM. Fabric has no handler for this (the Trainer's SLURM connector is not
 part of Fabric), so it is written here:
 - the signal handler only sets a flag;
 - at each step the ranks agree (max of the flag over ranks, in step_decision.decide: a signal may
   reach only some ranks), so all of them save the same step and stop together;
 - rank 0 then runs `scontrol requeue $SLURM_JOB_ID` (on SLURM) and every rank exits with
-  ExitCode.REQUEUE, which scripts/slurm/train.sbatch treats as "saved and requeued". The requeued
+  ExitCode.REQUEUE, which a job script treats as "saved and requeued". The requeued
   job resumes from that checkpoint through `checkpoint.resume: auto`. In a job of submitit's, submitit
-  requeues it instead (submit.py), so nothing is requeued here.
+  requeues it instead, so nothing is requeued here.
 A step may never reach its boundary (a huge grad_accum_steps, a hung data source), so the stop is
 bounded: a second signal, or `checkpoint.stop_deadline_seconds` after the first with the step still
 running, ends the process at once without saving, from a watchdog thread whatever the loop is doing.

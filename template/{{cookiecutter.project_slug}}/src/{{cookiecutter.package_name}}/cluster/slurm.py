@@ -16,8 +16,8 @@ from jsonargparse import ArgumentParser
 
 from ..errors import ExitCode, RecipeError
 from ..project import PROJECT
-from ..recipe.checks import needs_gpu
 from ..recipe.schema import Recipe
+from .jobs import gpus_per_node, shown
 
 SIGNAL_SECONDS_BEFORE_LIMIT = 120
 PACKAGE = __name__.partition(".")[0]  # this package's name: launchers run it with -m
@@ -81,17 +81,6 @@ def check_script_path(path: str) -> None:
     """Refuse a recipe path that a job script could not hold on one line (control characters)."""
     if any(ord(char) < 32 or ord(char) == 127 for char in path):
         raise RecipeError(f"recipe path {shown(path)} has control characters: rename the file")
-
-
-def shown(value: str) -> str:
-    """A value as an error message shows it: repr (control characters visible), at most 60 characters."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def gpus_per_node(recipe: Recipe) -> int:
-    """GPUs a node of the job asks for: one per task, unless the recipe runs on CPUs."""
-    return recipe.devices if recipe.accelerator != "cpu" or needs_gpu(recipe) else 0
 
 
 def sbatch_script(

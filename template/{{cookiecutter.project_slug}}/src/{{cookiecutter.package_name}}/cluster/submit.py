@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Any
 from ..checkpoint.layout import checkpoint_root, find_latest
 from ..errors import ExitCode, RecipeError, TrainingStopped, exit_process
 from ..recipe.schema import Recipe
+from .jobs import gpus_per_node
 from .preemption import SIGNALS, Preempted, Preemption
-from .slurm import SIGNAL_SECONDS_BEFORE_LIMIT, gpus_per_node
+from .slurm import SIGNAL_SECONDS_BEFORE_LIMIT
 
 if TYPE_CHECKING:
     from submitit import Executor, Job

@@ -8,9 +8,10 @@ Every command module exposes the same three names (the `Command` protocol below)
 `prog` is the program's name. The parser is made by the caller and filled by the command (jsonargparse adds nested subcommands only
 top-down): the command line's parser holds every command; a command parses its own words as a
 subcommand of the program (`parse_arguments`: the usage and errors read as they always have), or,
-taking recipe overrides as well (`train`, `plan`, `submit`), with a parser of its own.
+taking recipe overrides as well (`train`, `plan`, `k8s`), with a parser of its own.
 
-`COMMANDS` names the machinery's commands; a task adds its own through its `commands` class variable
+`COMMANDS` names the machinery's commands whose module the project has (a project generated without SLURM has
+no `slurm` or `submit` module); a task adds its own through its `commands` class variable
 (a task's `prepare`, `sample` or `predict`, and `export` live in tasks/<task>/commands/), and
 `command_table()` is the two together for the project's default task. A module is imported only when
 its command runs (or for `--help`), and none imports torch at the top: torch loads inside the bodies
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from importlib import import_module
+from importlib.util import find_spec
 from typing import Any, NoReturn, Protocol, cast
 
 from jsonargparse import ArgumentParser
@@ -30,19 +32,12 @@ from ..errors import RecipeError
 from ..project import TASK
 from ..tasks import task_class
 
-# command name -> the module that holds its parser and its body
+# command name -> the module that holds its parser and its body; one the project was generated without is skipped
+# (found without importing it, so that listing the commands imports none).
 COMMANDS: dict[str, str] = {
-    "train": f"{__package__}.train",
-    "check": f"{__package__}.check",
-    "recipes": f"{__package__}.recipes",
-    "checkpoint": f"{__package__}.checkpoint",
-    "plan": f"{__package__}.plan",
-    "slurm": f"{__package__}.slurm",
-    "submit": f"{__package__}.submit",
-    "k8s": f"{__package__}.k8s",
-    "ray": f"{__package__}.ray",
-    "report": f"{__package__}.report",
-    "data": f"{__package__}.data",
+    name: f"{__package__}.{name}"
+    for name in ("train", "check", "recipes", "checkpoint", "plan", "slurm", "submit", "k8s", "ray", "report", "data")
+    if find_spec(f"{__package__}.{name}") is not None
 }
 
 

@@ -1,5 +1,7 @@
 """`<project> data verify PATH`: every byte of a prepared folder against the SHA-256 its manifest records.
 
+The folder is read by the task whose `prepare` wrote it (the manifest's `"task"`), else by the project's task.
+
 A run checks only the manifest and the files' sizes at start (data/shards.py), so that start-up does not
 grow with the corpus; this reads every byte once, with a progress bar, after a copy to new storage or
 when a shard is suspected. `data.verify: full` in a recipe does the same at every start instead.
@@ -11,8 +13,10 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
+from ..data.shards import MANIFEST, written_by
+from ..errors import RecipeError
 from ..project import TASK
-from ..tasks import task_class
+from ..tasks import task_class, task_names
 from . import as_subcommand, choose_a_command, parse_arguments
 
 HELP = "Prepared data: verify every byte of a folder against its manifest."
@@ -33,5 +37,11 @@ def run(argv: list[str], prog: str) -> None:
         choose_a_command(as_subcommand(prog, "data", add_arguments), ["data"])
     args = parse_arguments(prog, "data", add_arguments, argv)
     folder = Path(args.verify.path)
-    summary = task_class(TASK).verify_prepared(folder)
+    task = written_by(folder) or TASK
+    if task not in task_names():
+        raise RecipeError(
+            f"PATH={str(folder)!r}: {MANIFEST} says task {task!r} prepared it, a task this project does not have"
+            f" (its tasks: {', '.join(task_names())})"
+        )
+    summary = task_class(task).verify_prepared(folder)
     print(f"{folder}: every file matches its manifest: {summary}")

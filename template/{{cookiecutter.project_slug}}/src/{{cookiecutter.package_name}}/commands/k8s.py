@@ -42,7 +42,7 @@ def run(argv: list[str], prog: str) -> None:
     args = parse_arguments(prog, "k8s", add_arguments, [*own] + ([name] if name else []))
     path = find_recipe(args.recipe)
     recipe = parse_recipe(["--config", str(path), *overrides], f"{prog} k8s")
-    # Relative to the project folder (the image's working folder), as `slurm` writes it.
+    # Relative to the project folder (the image's working folder): the job finds it on any copy of the project.
     relative = os.path.relpath(path.resolve())
     recipe_path = str(path.resolve()) if relative.startswith("..") else relative
     job = job_manifest(

@@ -1,4 +1,8 @@
-"""`<project> recipes list|show|copy|validate`: browse, copy and check the recipe library (recipe/library.py)."""
+"""`<project> recipes list|show|copy|validate`: browse, copy and check the recipe library (recipe/library.py).
+
+`validate FILE... [recipe overrides]` reads each file as `train` does (recipe/load.py's `parse_recipe`), with the
+same dotted overrides (`--train.max_steps 5`), so a recipe and overrides it accepts are what `train` accepts.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from jsonargparse import ArgumentParser
 
 from ..recipe.checks import needs_gpu
 from ..recipe.library import copy_recipe, find_recipe, list_recipes, show_recipe
-from ..recipe.load import load_recipe
+from ..recipe.load import parse_recipe
 from ..recipe.schema import Recipe
 from ..strategies import strategy_for
 from ..tasks import task_for
@@ -28,8 +32,12 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
     copy.add_argument("dest", help="File (or folder) to write.")
     copy.add_argument("--force", action="store_true", help="Overwrite an existing file.")
     actions.add_subcommand("copy", copy, help="Copy a recipe to edit.")
-    validate = ArgumentParser(exit_on_error=False)
-    validate.add_argument("files", nargs="+", help="Recipe files or names.")
+    validate = ArgumentParser(
+        exit_on_error=False,
+        description="Check recipes as `train` reads them and say where they run. Every recipe field is an override"
+        " too, after the files and applied to each: --train.max_steps 5, --devices 4, ...",
+    )
+    validate.add_argument("files", nargs="+", help="Recipe files or names (first).")
     actions.add_subcommand("validate", validate, help="Check recipes and say where they run.")
 
 
@@ -37,7 +45,8 @@ def run(argv: list[str], prog: str) -> None:
     """Run a `recipes` subcommand; without one, show the choices."""
     if not argv:
         choose_a_command(as_subcommand(prog, "recipes", add_arguments), ["recipes"])
-    args = parse_arguments(prog, "recipes", add_arguments, argv)
+    words, overrides = split_validate(argv)
+    args = parse_arguments(prog, "recipes", add_arguments, words)
     if args.action == "list":
         list_recipes()
     elif args.action == "show":
@@ -45,7 +54,19 @@ def run(argv: list[str], prog: str) -> None:
     elif args.action == "copy":
         copy_recipe(args.copy.name, args.copy.dest, args.copy.force, program=prog)
     else:
-        validate_recipes(args.validate.files)
+        validate_recipes(args.validate.files, overrides, prog)
+
+
+def split_validate(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the words `recipes` parses, the recipe overrides) of `validate FILE... [overrides]`: the overrides, from the
+    first option on, go to `parse_recipe` as `train`'s do; its own parser would refuse them in other words."""
+    if argv[:1] != ["validate"]:
+        return argv, []
+    first_option = next((index for index, word in enumerate(argv) if word.startswith("-")), len(argv))
+    rest = argv[first_option:]
+    if any(word in ("-h", "--help") for word in rest):
+        return argv, []
+    return argv[:first_option], rest
 
 
 def describe(recipe: Recipe) -> str:
@@ -67,11 +88,12 @@ def describe(recipe: Recipe) -> str:
     return text
 
 
-def validate_recipes(files: list[str]) -> None:
-    """Check recipe files; raises on the first invalid one."""
+def validate_recipes(files: list[str], overrides: list[str], prog: str) -> None:
+    """Check recipe files, each with the same overrides, as `train` reads them; raises on the first invalid one."""
     for name in files:
         path = find_recipe(name)
-        recipe = load_recipe(path)
-        print(f"ok: {path}: {describe(recipe)}")
+        recipe = parse_recipe(["--config", str(path), *overrides], f"{prog} recipes validate")
+        applied = f" {' '.join(overrides)}" if overrides else ""
+        print(f"ok: {path}{applied}: {describe(recipe)}")
         if data := task_for(recipe).describe():
             print(f"    {data}")

@@ -50,6 +50,18 @@ def load_manifest(folder: Path, field: str, prepare_hint: str) -> dict[str, Any]
     return manifest
 
 
+def written_by(folder: Path) -> str | None:
+    """The task whose `prepare` wrote the folder, as its manifest records it (`"task"`); None when the manifest
+    does not say (a folder prepared before manifests named their task) or cannot be read: the reader that
+    opens the folder then says what is wrong with it."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    task = manifest.get("task") if isinstance(manifest, dict) else None
+    return task if isinstance(task, str) else None
+
+
 def check_files(folder: Path, files: list[Listed], checksums: bool, field: str = "data.path") -> None:
     """Refuse a folder whose files do not match its manifest: missing, another size, or (checksums) other bytes.
 

@@ -79,7 +79,7 @@ def split_command_line(
 ) -> tuple[str | None, list[str], list[str]]:
     """(recipe or None, the command's own options, recipe overrides) of `COMMAND [RECIPE] [options] [overrides]`.
 
-    `plan` and `submit` take every recipe field as an override besides their own options; an option of
+    `plan`, `k8s` and `ray` take every recipe field as an override besides their own options; an option of
     `value_options` takes the next word as its value (or `--option=value`), a switch takes none.
     """
     name = argv[0] if argv and not argv[0].startswith("-") else None

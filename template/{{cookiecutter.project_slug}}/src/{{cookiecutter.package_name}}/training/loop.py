@@ -45,7 +45,7 @@ from .step_decision import Update, decide, nonfinite_loss_stop
 def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
     """Train the model the recipe describes; resumes when the recipe says so.
 
-    `preemption`: the stop-signal catcher, when the caller installed it earlier (submit.py); else one from here on.
+    `preemption`: the stop-signal catcher, when the caller installed it earlier (a job's entry point); else one from here on.
     """
     # SIGUSR1/SIGUSR2/SIGTERM: save at the next step boundary, requeue, exit. Caught before the set-up, so that
     # a signal during it (loading a checkpoint can take minutes) stops the run at its first step.

@@ -10,7 +10,7 @@ processes and images are written in input order, so the bytes do not depend on t
 The validation images are drawn here, per class and seeded, and written to shards of their own: every
 run and every recipe on the folder holds out the same images.
 
-    manifest.json                 format, kind, image_size, channels, classes, counts, the shards of each
+    manifest.json                 task, format, kind, image_size, channels, classes, counts, the shards of each
                                   split (file, labels, images, sha256 of both), the split, sources; written last
     train-NNNNN.bin               pixels: uint8 (images, image_size, image_size, channels), numpy `tofile`
     train-NNNNN.labels.bin        labels: int64 little-endian (images,)
@@ -46,6 +46,7 @@ from .config import ImageDataConfig, ViTConfig
 
 FORMAT = 1
 KIND = "images"  # a token folder of the language model has a manifest too
+TASK = "image_classification"  # the manifest's "task": `data verify` reads the folder with this task's code
 SPLITS = ("train", "validation")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 LABEL_DTYPE = np.dtype("<i8")
@@ -276,6 +277,7 @@ def prepare_images(
         finally:
             shown.close()
         manifest = {
+            "task": TASK,
             "format": FORMAT,
             "kind": KIND,
             "image_size": image_size,

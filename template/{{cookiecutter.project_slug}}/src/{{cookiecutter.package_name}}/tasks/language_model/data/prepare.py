@@ -53,6 +53,7 @@ from .inputs import (
 from .prepared import (
     FORMAT,
     MANIFEST,
+    TASK,
     TOKENIZER,
     ShardedTokens,
     ShardWriter,
@@ -209,6 +210,7 @@ def prepare(
                     partial, sources, tokenizer, template, val_fraction, shard_tokens, progress
                 )
             _refuse_empty(sources, inputs)
+            manifest = {"task": TASK, **manifest}
             manifest["tokenizer"]["trained_on_inputs"] = train_tokenizer is not None
             (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             partial.rename(target)

@@ -1,6 +1,6 @@
 """The prepared-folder format: shards written as they fill, then read by memory map and seen as one array.
 
-    manifest.json    tokenizer (file, sha256, vocab_size, eos_id), dtype, shards (file, tokens,
+    manifest.json    task, format, tokenizer (file, sha256, vocab_size, eos_id), dtype, shards (file, tokens,
                      sha256), documents, max_token_id, sources, validation split; written last
     tokenizer.json   the Hugging Face `tokenizers` tokenizer the shards were made with
     shard-NNNNN.bin  token ids, numpy `tofile` of the manifest's dtype; documents joined with EOS
@@ -26,6 +26,7 @@ from ....errors import RecipeError
 
 TOKENIZER = "tokenizer.json"
 FORMAT = 1
+TASK = "language_model"  # the manifest's "task": `data verify` reads the folder with this task's code
 
 
 class ShardedTokens:
