@@ -11,7 +11,7 @@ TASK = {{ cookiecutter.task | tojson }}
 PACKAGE = {{ cookiecutter.package_name | tojson }}
 # What only one task uses, beside its package src/<package>/tasks/<task>/: its tests; and, until they train the toy
 # task of tests/toy_task.py as test_resume and test_strategies do, the tests of the machinery written around the
-# language model (monitor, plan, strategy construction, refused inputs, checkpoint commands, pipeline), the
+# language model (monitor, plan, strategy construction, refused inputs, mixed precision, pipeline), the
 # benchmarks and the GPU scripts.
 TASK_FILES = {
     "language_model": [
@@ -26,7 +26,7 @@ TASK_FILES = {
         "tests/unit/test_pipeline_stages.py",
         "tests/e2e/test_pipeline_lifecycle.py",
         *(f"tests/e2e/test_{name}.py" for name in ("llama", "prepared_training", "benchmarks", "bad_input")),
-        *(f"tests/e2e/test_{name}.py" for name in ("checkpoint_cli", "mixed_precision", "plan_written", "gpt_layouts")),
+        *(f"tests/e2e/test_{name}.py" for name in ("mixed_precision", "plan_written", "gpt_layouts")),
         *(f"tests/e2e/test_{name}.py" for name in ("remote_corpus", "evaluate", "lora", "pipeline")),
         *("tests/unit/test_sft.py", "tests/e2e/test_sft_resume.py"),
     ],
