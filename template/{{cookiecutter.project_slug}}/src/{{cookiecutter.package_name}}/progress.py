@@ -1,4 +1,4 @@
-"""What a long command shows while it works (loading, consolidating, exporting, verifying data), on stderr.
+"""What a long command shows while it works (loading, consolidating, exporting, verifying or preparing data), on stderr.
 
 Quick work shows nothing. Work that lasts longer than a few seconds shows a tqdm bar on a terminal,
 and in a log file (SLURM, `nohup`) one plain line every LINE_EVERY_SECONDS, then how long it took.
@@ -6,10 +6,11 @@ and in a log file (SLURM, `nohup`) one plain line every LINE_EVERY_SECONDS, then
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -62,3 +63,33 @@ def counted(items: Iterable[Item], what: str, total: int | None = None, unit: st
             last = now
     if last != started:  # lines were shown: close with the total
         print(f"{what}: {done}{of} {unit} in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+
+
+class Meter:
+    """Work with a known total, counted as it is done (`advance`): a tqdm bar on a terminal, else a plain line
+    every LINE_EVERY_SECONDS (a log file, a batch job) that `line` words from the count so far."""
+
+    def __init__(self, what: str, total: int, unit: str, line: Callable[[int], str], enabled: bool = True) -> None:
+        self.what, self.line, self.enabled, self.done = what, line, enabled, 0
+        self.bar = None
+        self._last_line = time.monotonic()
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            columns, rows = shutil.get_terminal_size()  # tqdm reads 0 columns on some ptys and hides the bar
+            self.bar = tqdm(total=total, unit=unit, unit_scale=unit == "B", desc=what, file=sys.stderr,
+                            ncols=columns, nrows=rows)  # fmt: skip
+
+    def advance(self, amount: int) -> None:
+        """Count `amount` more units done."""
+        self.done += amount
+        if self.bar is not None:
+            self.bar.update(amount)
+        elif self.enabled and time.monotonic() - self._last_line >= LINE_EVERY_SECONDS:
+            self._last_line = time.monotonic()
+            print(f"{self.what}: {self.line(self.done)}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """Remove the bar."""
+        if self.bar is not None:
+            self.bar.close()

@@ -1,5 +1,6 @@
-"""The package's shape: imports flow one way, only strategies/ knows strategies, only tasks/ knows the workload,
-the layout drawings (the README's and docs/layout.md's) list every top-level module, modules stay small."""
+"""The package's shape: imports run down its layers, only strategies/ knows strategies and no library recipe, only
+tasks/ knows the workload, the layout drawings (the README's and docs/layout.md's) list every top-level module,
+modules stay small."""
 
 from __future__ import annotations
 
@@ -30,17 +31,33 @@ def modules() -> dict[str, Path]:
     return {module_name(path): path for path in sorted(SOURCE.rglob("*.py"))}
 
 
-def imported_modules(path: Path, known: set[str]) -> set[str]:
-    """The package's modules that a file imports, at the top or inside functions."""
-    found = set()
+def imported_from(path: Path, node: ast.ImportFrom) -> str | None:
+    """The absolute name of the module a `from ... import` names (`from ..recipe import schema` in
+    pkg/checkpoint/io.py: pkg.recipe); None for a module outside the package."""
+    if node.level == 0:
+        return node.module if node.module and node.module.split(".")[0] == PACKAGE else None
+    here = module_name(path).split(".")
+    base = here if path.name == "__init__.py" else here[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def imports(path: Path, known: set[str]) -> list[tuple[int, str]]:
+    """(line, module) of each of the package's modules that a file imports, at the top or inside functions."""
+    found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name in known}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGE):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name in known]
+        elif isinstance(node, ast.ImportFrom) and (module := imported_from(path, node)) is not None:
             for alias in node.names:  # `from pkg.recipe import schema` imports the module pkg.recipe.schema
-                submodule = f"{node.module}.{alias.name}"
-                found.add(submodule if submodule in known else node.module)
+                submodule = f"{module}.{alias.name}"
+                found.append((node.lineno, submodule if submodule in known else module))
     return found
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """The package's modules that a file imports, at the top or inside functions."""
+    return {module for _, module in imports(path, known)}
 
 
 def test_the_package_has_no_import_cycle() -> None:
@@ -59,6 +76,76 @@ def test_the_package_has_no_import_cycle() -> None:
     for name in graph:
         visit(name, [])
     assert graph[f"{PACKAGE}.errors"] == set()  # the bottom: everything may raise its errors
+
+
+# The layers, top first: a module imports only from its own layer and those below it. A task's own commands
+# (tasks/<task>/commands/) are commands that live with their task, so that a task is one folder.
+LAYERS = [
+    {"cli", "__main__", "train", ""},  # "": the package's __init__, which fills the registries below
+    {"commands", "tasks.*.commands"},
+    {"training"},
+    {"tasks", "strategies", "cluster", "planner"},
+    {"checkpoint", "data"},
+    {"recipe", "precision", "progress"},
+    {"errors", "project"},
+]
+
+
+def layer(module: str) -> int:
+    """The index in LAYERS of a module of the package (0 is the top)."""
+    parts = module.split(".")[1:]
+    top = parts[0] if parts else ""
+    if top == "tasks" and len(parts) > 2 and parts[2] == "commands":
+        top = "tasks.*.commands"
+    return next(index for index, names in enumerate(LAYERS) if top in names)
+
+
+def upward_imports() -> list[str]:
+    """`file:line importer -> imported` for every import from a lower layer into a higher one."""
+    return [
+        f"{path.relative_to(SOURCE)}:{line} {module_name(path)} -> {imported}"
+        for name, path in modules().items()
+        for line, imported in imports(path, set(modules()))
+        if layer(imported) < layer(name)
+    ]
+
+
+def test_every_module_is_in_a_layer() -> None:
+    unplaced = []
+    for name in modules():
+        try:
+            layer(name)
+        except StopIteration:
+            unplaced.append(name)
+    assert not unplaced, "add these to LAYERS: " + ", ".join(unplaced)
+
+
+def test_imports_run_down_the_layers_only() -> None:
+    offenders = upward_imports()
+    assert not offenders, "imports into a higher layer: " + ", ".join(offenders)
+
+
+def test_the_layer_check_finds_an_upward_import_inside_a_function() -> None:
+    recipe = SOURCE / "recipe" / "checks.py"
+    tree = ast.parse("def check():\n    from ..strategies import REGISTRY\n")
+    module = imported_from(recipe, next(node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)))
+    assert module == f"{PACKAGE}.strategies" and layer(module) < layer(module_name(recipe))
+
+
+def test_strategies_name_no_library_recipe() -> None:
+    names = {path.stem for path in (PROJECT / "recipes").glob("*.yaml")}
+    assert names, "no recipes/*.yaml to look for"
+    offenders = [
+        f"{path.relative_to(SOURCE)}:{node.lineno} {name!r}"
+        for path in sorted((SOURCE / "strategies").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        for name in names
+        if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", node.value)
+    ]
+    assert not offenders, "strategies/ names library recipes (the planner or the recipe decides): " + ", ".join(
+        offenders
+    )
 
 
 def test_only_strategies_and_the_schema_name_a_strategy_or_a_fabric_strategy_class() -> None:

@@ -136,7 +136,7 @@ def test_max_failures_comes_from_the_flag_else_the_recipe_and_the_run_resumes_au
     monkeypatch.setattr(  # what the command hands to Ray's side, which is run for real in tests/e2e/test_ray.py
         ray_launcher,
         "train_with_ray",
-        lambda recipe, address, failures: handed.append((address, failures, recipe.checkpoint.resume)),
+        lambda recipe, address, failures, train: handed.append((address, failures, recipe.checkpoint.resume)),
     )
     main(["ray", "cpu-debug", "--address", "head:6379", *arguments])
     assert handed == [("head:6379", expected, "auto")]

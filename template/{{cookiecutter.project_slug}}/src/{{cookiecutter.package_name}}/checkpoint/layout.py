@@ -20,8 +20,8 @@ from typing import Any
 
 from ..errors import RecipeError
 from ..project import TASK
+from ..recipe.registry import TASKS, task_for
 from ..recipe.schema import Recipe
-from ..tasks import task_class, task_for
 from .lock import launched_rank
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -90,7 +90,7 @@ def checkpoint_recipe(path: Path) -> Recipe:
     from ..recipe.load import parse_recipe, read_recipe_file  # jsonargparse: only when asked
 
     saved = read_recipe_file(path / "config.yaml", f"checkpoint {path}: config.yaml") or {}  # bounded, as any recipe
-    task = task_class(saved.get("task", TASK))
+    task = TASKS(saved.get("task", TASK))
     return parse_recipe(["--config", str(path / "config.yaml"), *task.saved_recipe_overrides(saved)])
 
 

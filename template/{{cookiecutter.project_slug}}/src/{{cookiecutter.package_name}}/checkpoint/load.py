@@ -15,8 +15,8 @@ import torch
 from lightning.fabric import Fabric
 
 from ..errors import ExitCode, RecipeError, TrainingStopped
+from ..recipe.registry import STRATEGIES
 from ..recipe.schema import Recipe
-from ..strategies import strategy_class
 from .layout import META_FILE, damaged_files, list_checkpoints, read_meta, step_of
 from .rng import set_rng_state
 from .safety import check_metadata, load_tensors
@@ -57,7 +57,7 @@ def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any], recipe: R
     """Restore `state` in place from a checkpoint folder, including this rank's RNG states."""
     meta = read_meta(path)
     # Every rank checks every small file before anything is unpickled, so that all refuse a crafted one alike.
-    if strategy_class(meta["strategy"]).checkpoint_layout == "sharded":  # torch.distributed.checkpoint's layout
+    if STRATEGIES(meta["strategy"]).checkpoint_layout == "sharded":  # torch.distributed.checkpoint's layout
         from lightning.fabric.strategies.model_parallel import _METADATA_FILENAME
 
         check_metadata(path / "state")
@@ -66,8 +66,8 @@ def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any], recipe: R
         load_tensors(rng_file)
     stateful = {key: value for key, value in state.items() if hasattr(value, "load_state_dict")}
     layouts = {
-        strategy_class(meta["strategy"]).checkpoint_layout,
-        strategy_class(recipe.strategy.name).checkpoint_layout,
+        STRATEGIES(meta["strategy"]).checkpoint_layout,
+        STRATEGIES(recipe.strategy.name).checkpoint_layout,
     }
     if layouts == {"replicated", "sharded"}:  # ddp <-> fsdp2/hsdp
         _load_across_layouts(path, state)

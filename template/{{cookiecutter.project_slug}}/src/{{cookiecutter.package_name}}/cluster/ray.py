@@ -27,6 +27,7 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -106,8 +107,9 @@ def placed_recipe(recipe: Recipe, started_here: bool) -> Recipe:
     return replace(recipe, accelerator=accelerator)
 
 
-def train_with_ray(recipe: Recipe, address: str | None, max_failures: int) -> None:
-    """Train the recipe in Ray Train's workers; prints the newest checkpoint, or raises why it failed."""
+def train_with_ray(recipe: Recipe, address: str | None, max_failures: int, train: Callable[[Recipe], Any]) -> None:
+    """Train the recipe in Ray Train's workers with `train` (the loop, which the command passes down: this layer
+    sits below it); prints the newest checkpoint, or raises why it failed."""
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -121,7 +123,7 @@ def train_with_ray(recipe: Recipe, address: str | None, max_failures: int) -> No
         use_gpu = recipe.accelerator == "cuda"
         trainer = TorchTrainer(
             train_in_worker,
-            train_loop_config={"recipe": recipe, "folder": os.getcwd()},
+            train_loop_config={"recipe": recipe, "folder": os.getcwd(), "train": train},
             scaling_config=ScalingConfig(num_workers=recipe.world_size, use_gpu=use_gpu, placement_strategy="PACK"),
             torch_config=TorchConfig(
                 backend=recipe.strategy.process_group_backend, timeout_s=60 * recipe.strategy.timeout_minutes
@@ -162,20 +164,18 @@ def worker_error(error: Exception) -> str:
 
 
 def train_in_worker(config: dict[str, Any]) -> None:
-    """What every Ray Train worker runs: `train` as the rank Ray gave it (Ray's thread, Ray's process group).
+    """What every Ray Train worker runs: the config's `train` as the rank Ray gave it (Ray's thread, Ray's process group).
 
     A planned stop every rank agreed on (a non-finite loss, another run's lock) returns instead of raising,
     which Ray would answer by starting the group again, to the same stop: rank 0 writes it down for the driver.
     """
     import ray.train
 
-    from ..training.loop import train
-
     if Path(config["folder"]).is_dir():
         os.chdir(config["folder"])
     os.environ[RAY_WORKER] = "1"  # Fabric takes Ray's ranks, and reports to Ray (ray_worker.py)
     try:
-        train(config["recipe"])
+        config["train"](config["recipe"])
     except TrainingStopped as stopped:
         if ray.train.get_context().get_world_rank() == 0:
             print(f"stopped: {stopped}", file=sys.stderr, flush=True)

@@ -34,6 +34,7 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.layout import checkpoint_root, find_latest
@@ -104,8 +105,9 @@ def wait(job: Job[Any]) -> None:
 class Training:
     """What every task of a submitted job runs: `train(recipe)`; when preempted, submitit requeues it."""
 
-    def __init__(self, recipe: Recipe) -> None:
+    def __init__(self, recipe: Recipe, train: Callable[[Recipe, Preemption], Any]) -> None:
         self.recipe = recipe
+        self.train = train  # the loop, which the command passes down (this layer sits below it); pickled by name
 
     def __call__(self) -> str:
         """Train as this task's rank; the newest checkpoint when done. A preempted task exits, requeued."""
@@ -120,10 +122,8 @@ class Training:
             ranks.master_addr = "127.0.0.1"  # one machine, whatever its host name resolves to
             ranks.export(set_cuda_visible_devices=False, overwrite=True)
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        from ..training.loop import train  # imports torch
-
         try:
-            train(self.recipe, preemption)
+            self.train(self.recipe, preemption)
         except Preempted as stopped:
             if stopped.report:
                 print(f"stopped: {stopped}", file=sys.stderr, flush=True)

@@ -12,6 +12,7 @@ from jsonargparse import ArgumentParser
 from ..errors import RecipeError
 from ..recipe.library import find_recipe
 from ..recipe.load import parse_recipe, split_command_line
+from ..recipe.schema import Recipe
 from . import first_line
 
 HELP = "Train in Ray Train's workers, on a Ray cluster or a local one."
@@ -58,4 +59,11 @@ def run(argv: list[str], prog: str) -> None:
     from ..cluster.ray import require_ray, train_with_ray
 
     require_ray()
-    train_with_ray(recipe, options.address, max_failures)
+    train_with_ray(recipe, options.address, max_failures, train_in_a_worker)
+
+
+def train_in_a_worker(recipe: Recipe) -> None:
+    """The loop, as a Ray worker runs it: pickled by name, it imports torch only in the worker."""
+    from ..training.loop import train
+
+    train(recipe)

@@ -12,11 +12,13 @@ import shutil
 from jsonargparse import ArgumentParser
 
 from ..checkpoint.layout import checkpoint_root
+from ..cluster.preemption import Preemption
 from ..cluster.slurm import add_job_options, check_job_options
 from ..cluster.submit import Training, executor, wait
 from ..errors import RecipeError
 from ..recipe.library import find_recipe
 from ..recipe.load import parse_recipe, split_command_line
+from ..recipe.schema import Recipe
 from . import first_line
 
 HELP = "Submit training to SLURM (or run it here) with submitit."
@@ -63,7 +65,7 @@ def run(argv: list[str], prog: str) -> None:
         )
     if not options.local and not all(shutil.which(tool) for tool in ("sbatch", "srun")):
         raise RecipeError("no SLURM here (sbatch and srun not on PATH): submit from a SLURM login node, or add --local")
-    job = executor(options, recipe, seconds).submit(Training(recipe))
+    job = executor(options, recipe, seconds).submit(Training(recipe, train_in_the_job))
     where = "on this machine" if options.local else "to SLURM"
     print(
         f"submitted job {job.job_id} {where}: {recipe.num_nodes} node(s) x {recipe.devices} task(s), one per device,"
@@ -73,3 +75,11 @@ def run(argv: list[str], prog: str) -> None:
     print(f"checkpoints: {checkpoint_root(recipe)} (preempted or timed out, the job saves there, is requeued, resumes)")
     if options.wait:
         wait(job)
+
+
+def train_in_the_job(recipe: Recipe, preemption: Preemption) -> None:
+    """The loop, as a job's task runs it: pickled by name, it imports torch only when called, after `Training` has
+    put its preemption flag in place (cluster/submit.py)."""
+    from ..training.loop import train
+
+    train(recipe, preemption)

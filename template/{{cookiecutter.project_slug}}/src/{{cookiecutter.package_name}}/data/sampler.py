@@ -3,7 +3,7 @@
 Global sample g is sample perm_e[g mod N] of epoch e = g div N, for N samples. A checkpoint stores
 one integer, and a resumed run continues the exact same sequence, across epoch boundaries and also
 with a different number of processes, as long as the global batch stays the same. The samples are
-any `Samples` of a task (tasks/base.py): `len()` and `batch(indices)`. Samples that augment (random
+any `Samples` of a task (samples.py): `len()` and `batch(indices)`. Samples that augment (random
 crops, flips) also define `augmented_batch(indices, draws)`: the sampler passes each sample's global
 position g as its draw, so the augmentation is seeded by it and is as exactly resumable as the order.
 
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import RecipeError
-from ..tasks.base import Samples
+from .samples import Samples
 
 Batch = Any  # what a task's `Samples.batch` returns: a tensor, or a tuple/dict of tensors
 

@@ -32,8 +32,16 @@ class Listed(NamedTuple):
     sha256: str
 
 
-def load_manifest(folder: Path, field: str, prepare_hint: str) -> dict[str, Any]:
-    """The manifest of a finished prepare; refuses a missing folder, an unfinished prepare, an unreadable manifest."""
+def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    """Write a prepared folder's manifest (last: a folder without one is an unfinished prepare)."""
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def load_manifest(
+    folder: Path, field: str, prepare_hint: str, format: int, kind: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """The manifest of a finished prepare of this `format` (and `kind`: its value and what to call such a folder);
+    refuses a missing folder, an unfinished prepare, an unreadable or foreign manifest."""
     where = f"{field}={str(folder)!r}"
     if not folder.is_dir():
         if folder.with_name(folder.name + ".partial").is_dir():
@@ -47,6 +55,10 @@ def load_manifest(folder: Path, field: str, prepare_hint: str) -> dict[str, Any]
         raise RecipeError(f"{where}: unreadable {MANIFEST} ({error})") from None
     if not isinstance(manifest, dict):
         raise RecipeError(f"{where}: {MANIFEST} is not a JSON object")
+    if kind is not None and manifest.get("kind") != kind[0]:
+        raise RecipeError(f"{where}: not {kind[1]} ({MANIFEST} has no kind: {kind[0]})")
+    if manifest.get("format") != format:
+        raise RecipeError(f"{where}: {MANIFEST} has format {manifest.get('format')!r}, this code reads {format}")
     return manifest
 
 
@@ -60,6 +72,55 @@ def written_by(folder: Path) -> str | None:
         return None
     task = manifest.get("task") if isinstance(manifest, dict) else None
     return task if isinstance(task, str) else None
+
+
+class ShardWriter:
+    """Appends rows to shards of `shard_rows` rows, one file per column (PREFIX-NNNNN + the column's suffix),
+    hashing each file as it is written. A shard's manifest entry: each column's file, the row count under
+    `count_key`, each column's SHA-256."""
+
+    def __init__(
+        self, folder: Path, prefix: str, shard_rows: int, count_key: str, columns: dict[str, tuple[str, str]]
+    ) -> None:
+        self.folder, self.prefix, self.shard_rows, self.count_key = folder, prefix, shard_rows, count_key
+        self.columns = columns  # entry key of the file -> (file name suffix, entry key of its SHA-256)
+        self.shards: list[dict[str, Any]] = []
+        self._files: list[Any] | None = None
+        self._hashes: list[Any] = []
+
+    def write(self, *columns: Any) -> None:
+        """Append rows: one array per column, of the same length (the bytes written are each array's)."""
+        while len(columns[0]):
+            if self._files is None:
+                name = f"{self.prefix}-{len(self.shards):05d}"
+                shard: dict[str, Any] = {key: name + suffix for key, (suffix, _) in self.columns.items()}
+                shard[self.count_key] = 0
+                self._files = [(self.folder / shard[key]).open("wb") for key in self.columns]
+                self._hashes = [hashlib.sha256() for _ in self.columns]
+                self.shards.append(shard)
+            room = self.shard_rows - self.shards[-1][self.count_key]
+            for file, digest, column in zip(self._files, self._hashes, columns, strict=True):
+                data = column[:room].tobytes()
+                file.write(data)
+                digest.update(data)
+            self.shards[-1][self.count_key] += len(columns[0][:room])
+            columns = tuple(column[room:] for column in columns)
+            if self.shards[-1][self.count_key] == self.shard_rows:
+                self._close_shard()
+
+    def close(self) -> list[dict[str, Any]]:
+        """Finish the last shard; the manifest entries of all shards."""
+        if self._files is not None:
+            self._close_shard()
+        return self.shards
+
+    def _close_shard(self) -> None:
+        assert self._files is not None
+        for file in self._files:
+            file.close()
+        hashes = zip(self.columns.values(), self._hashes, strict=True)
+        self.shards[-1].update({key: digest.hexdigest() for (_, key), digest in hashes})
+        self._files = None
 
 
 def check_files(folder: Path, files: list[Listed], checksums: bool, field: str = "data.path") -> None:

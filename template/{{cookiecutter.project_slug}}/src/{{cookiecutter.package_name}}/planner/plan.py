@@ -30,10 +30,10 @@ from typing import Any
 
 from ..precision import MIXED, States, zero_model_states
 from ..recipe.schema import Recipe
-from ..strategies import REGISTRY, PlanOption, TrainingStrategy
-from ..strategies.base import PlanSizes
+from ..strategies import REGISTRY, TrainingStrategy
 from ..tasks.base import Activations, ModelCost
 from .hardware import NVME_GB_S, PCIE_GB_S
+from .options import PlanOption, PlanSizes
 from .pipeline import PipelineTerms, pipeline_terms
 
 GIB, GB = 2**30, 1e9

@@ -6,15 +6,35 @@ import copy
 from typing import Any
 
 from ..recipe.library import recipes_dir
+from .options import PlanOption
 from .plan import GB, GIB, Candidate, Inputs, Plan, count, device_word
 
 POWERS = {"GiB": "2^30", "MiB": "2^20", "KiB": "2^10", "B": "1"}
 
 
+def library_recipes(option: PlanOption) -> tuple[str, str, str]:
+    """The library recipes that show an option's way of holding the state, which a written plan starts from:
+    (on CPUs, on one node, on several). Read from the option's layout, so that no strategy names a recipe."""
+    if option.pipeline_parallel > 1:
+        return "cpu-pp-debug", "llama-70b-pp-fsdp2-tp-multinode", "llama-70b-pp-fsdp2-tp-multinode"
+    if option.tensor_parallel > 1:
+        return "cpu-tp-debug", "fsdp2-tp-multinode", "fsdp2-tp-multinode"
+    if option.hybrid:
+        return "cpu-hsdp-debug", "hsdp-multinode", "hsdp-multinode"
+    if option.stage == 0:
+        return "cpu-debug", "ddp-node", "ddp-node"
+    if not option.runs_on_cpu:  # ZeRO's stages as DeepSpeed runs them: the one GPU-only runtime plan weighs
+        if option.offload == "cpu":
+            return "cpu-debug", "deepspeed-zero3-offload-node", "deepspeed-zero3-offload-multinode"
+        node = "deepspeed-zero3-nvme-node" if option.offload == "nvme" else f"deepspeed-zero{option.stage}-node"
+        return "cpu-debug", node, node
+    return "cpu-debug", "fsdp2-node", "fsdp2-multinode"
+
+
 def library_recipe(candidate: Candidate, inputs: Inputs) -> str | None:
-    """The library recipe a written plan starts from (its strategy family names one per layout), or None when
-    this project's library has no recipe of that name (another task's library)."""
-    cpu, one_node, several_nodes = candidate.option.recipes
+    """The library recipe a written plan starts from (one per layout, `library_recipes`), or None when this
+    project's library has no recipe of that name (another task's library)."""
+    cpu, one_node, several_nodes = library_recipes(candidate.option)
     name = cpu if inputs.cpu else several_nodes if inputs.num_nodes > 1 else one_node
     return name if (recipes_dir() / f"{name}.yaml").is_file() else None
 

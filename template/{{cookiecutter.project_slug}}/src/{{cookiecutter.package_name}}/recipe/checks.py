@@ -14,8 +14,7 @@ from pathlib import Path
 
 from ..errors import RecipeError
 from ..precision import BF16_CAPABILITY, GPU_ONLY
-from ..strategies import REGISTRY, strategy_class, strategy_for
-from ..tasks import task_for
+from .registry import STRATEGIES, strategy_for, task_for
 from .schema import STRATEGY_SECTIONS, Recipe, TrainConfig
 
 
@@ -140,23 +139,23 @@ def _check_schedule(train: TrainConfig) -> None:
 
 def check_strategy(recipe: Recipe) -> None:
     """The strategy exists, carries only its own options section, and accepts the recipe."""
-    family = strategy_class(recipe.strategy.name)
+    family = STRATEGIES(recipe.strategy.name)
     for section in STRATEGY_SECTIONS:
         if getattr(recipe.strategy, section) is not None and section != family.options_key:
-            owners = " or ".join(name for name, other in REGISTRY.items() if other.options_key == section)
+            owners = " or ".join(name for name, other in STRATEGIES.classes.items() if other.options_key == section)
             raise RecipeError(
                 f"strategy.{section} applies only to strategy.name={owners} (this recipe has {family.name};"
                 " remove the section or change the strategy)"
             )
     if recipe.strategy.meta_init and not family.supports_meta_init:
-        names = " or ".join(name for name, other in REGISTRY.items() if other.supports_meta_init)
+        names = " or ".join(name for name, other in STRATEGIES.classes.items() if other.supports_meta_init)
         raise RecipeError(
             f"strategy.meta_init=True applies only to strategy.name={names}"
             f" (this recipe has {family.name}; remove the key or change the strategy)"
         )
     if adapters := task_for(recipe).adapters():
         if not family.trains_adapters:
-            names = " or ".join(name for name, other in REGISTRY.items() if other.trains_adapters)
+            names = " or ".join(name for name, other in STRATEGIES.classes.items() if other.trains_adapters)
             raise RecipeError(f"{adapters} trains adapters under strategy.name={names} (this recipe has {family.name})")
         if recipe.strategy.meta_init:  # the model's own init (materialize) knows no adapters
             raise RecipeError(
@@ -166,7 +165,7 @@ def check_strategy(recipe: Recipe) -> None:
     strategy = family(recipe)
     strategy.check()
     if recipe.checkpoint.async_save and strategy.checkpoint_layout != "sharded":
-        names = " or ".join(name for name, other in REGISTRY.items() if other.checkpoint_layout == "sharded")
+        names = " or ".join(name for name, other in STRATEGIES.classes.items() if other.checkpoint_layout == "sharded")
         raise RecipeError(
             f"checkpoint.async_save=true needs torch.distributed.checkpoint shards (strategy.name {names}),"
             f" not strategy.name={family.name}"

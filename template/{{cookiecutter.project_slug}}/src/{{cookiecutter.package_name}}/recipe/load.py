@@ -18,9 +18,8 @@ from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 
 from ..errors import RecipeError
 from ..project import TASK
-from ..strategies import strategy_class
-from ..tasks import task_class
 from .checks import check_recipe
+from .registry import STRATEGIES, TASKS
 from .schema import Recipe
 from .typecheck import check_document, check_overrides
 
@@ -31,7 +30,7 @@ MAX_RECIPE_NODES = 100_000
 
 def recipe_parser(prog: str = "train", recipe_type: type[Recipe] | None = None) -> ArgumentParser:
     """A parser for a recipe file plus dotted command-line overrides (of the default task's Recipe unless given)."""
-    recipe_type = recipe_type or task_class(TASK).recipe_type
+    recipe_type = recipe_type or TASKS(TASK).recipe_type
     parser = ArgumentParser(prog=prog, exit_on_error=False, allow_abbrev=False, description="Train with a recipe.")
     parser.add_argument("--config", action=ActionConfigFile, help="Recipe YAML file.")
     parser.add_class_arguments(recipe_type, nested_key=None, fail_untyped=True)
@@ -49,7 +48,7 @@ def parse_recipe(argv: list[str], prog: str = "train") -> Recipe:
             raise RecipeError(f"{source}: file does not exist: '{path}'")
     documents = [read_recipe_file(path, source) for path in files]
     try:
-        recipe_type = task_class(_task_name(argv, documents)).recipe_type
+        recipe_type = TASKS(_task_name(argv, documents)).recipe_type
         for document in documents:
             check_document(document or {}, recipe_type)
         check_overrides(argv, recipe_type)
@@ -68,7 +67,7 @@ def parse_recipe(argv: list[str], prog: str = "train") -> Recipe:
     except RecipeError as error:
         raise RecipeError(f"{source}: {error}") from None
     # The strategy's own options section, filled with its defaults: the resolved recipe shows every option used.
-    strategy = strategy_class(recipe.strategy.name)
+    strategy = STRATEGIES(recipe.strategy.name)
     if strategy.options_key and strategy.options_type and getattr(recipe.strategy, strategy.options_key) is None:
         setattr(recipe.strategy, strategy.options_key, strategy.options_type())
     return recipe

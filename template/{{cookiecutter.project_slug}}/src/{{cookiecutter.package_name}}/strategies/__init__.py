@@ -6,17 +6,22 @@ A new family is one module implementing `TrainingStrategy` (strategies/base.py),
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from ..errors import RecipeError
+from ..recipe.registry import STRATEGIES
 from ..recipe.schema import Recipe
-from .base import GpuRequirement, PlanOption, TrainingStrategy
+from .base import GpuRequirement, TrainingStrategy
 from .ddp import DDP
 from .deepspeed import DeepSpeed
 from .fsdp import FSDP1
 from .fsdp2 import FSDP2, HSDP
 
-__all__ = ["GpuRequirement", "PlanOption", "TrainingStrategy", "register", "strategy_class", "strategy_for"]
+__all__ = ["GpuRequirement", "TrainingStrategy", "register", "strategy_class", "strategy_for"]
 
 REGISTRY: dict[str, type[TrainingStrategy]] = {family.name: family for family in (DDP, FSDP2, HSDP, FSDP1, DeepSpeed)}
+# One table: the recipe and checkpoint layers, below this one, look families up in it (recipe/registry.py).
+STRATEGIES.classes = cast(Any, REGISTRY)
 
 
 def register(family: type[TrainingStrategy]) -> type[TrainingStrategy]:

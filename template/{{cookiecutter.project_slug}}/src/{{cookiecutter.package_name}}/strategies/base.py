@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..planner.options import PlanOption, PlanSizes, PlanTerm
 from ..recipe.schema import Recipe
 from ..tasks import Task, task_for
 from ..tasks.base import batch_loss, checked_model, update_metrics_of
@@ -42,50 +43,6 @@ class GpuRequirement:
     remedy: str  # "choose ddp, fsdp2 or hsdp"
     capability: tuple[int, int] | None = None  # minimum CUDA compute capability
     package: str | None = None  # a module that must be importable on the GPU machine
-
-
-@dataclass(frozen=True)
-class PlanOption:
-    """One way a strategy family can hold the training state, as `plan` weighs it (plan.py has the formulas)."""
-
-    name: str  # the candidate's name in plan's table and JSON: "zero3_offload"
-    stage: int  # the ZeRO stage its model states follow: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters
-    recipes: tuple[str, str, str]  # the library recipe a written plan starts from: (CPU, one node, several nodes)
-    why: str  # the sentence when it is recommended; may name {device}, {devices} and {offloaded}
-    comm_vs_ddp: float = 1.0  # data-parallel volume per micro-batch vs ddp's all-reduce (ZeRO paper, section 7)
-    tensor_parallel: int = 1  # devices that split each layer
-    offload: str = "none"  # none | cpu | nvme: where parameters and optimizer state live
-    hybrid: bool = False  # sharded inside a node, replicated across nodes (needs num_nodes >= 2)
-    runs_on_cpu: bool = True
-    sixteen_bit_module: bool = False  # mixed precision runs a 16-bit copy of the module: activations, collectives
-    fp32_gradient_reduce: bool = False  # a 16-bit module whose gradients are still reduced in fp32 (fully_shard's)
-    pipeline_parallel: int = 1  # stages the blocks are split into, one group of devices each
-    pipeline_schedule: str = "1F1B"  # GPipe | 1F1B | Interleaved1F1B | InterleavedZeroBubble | ZBVZeroBubble
-    pipeline_stages_per_rank: int = 1
-
-    def layout(self) -> tuple[int, int]:
-        """(pipeline, tensor parallel) sizes: options that differ only in their schedule share a layout."""
-        return self.pipeline_parallel, self.tensor_parallel
-
-
-@dataclass(frozen=True)
-class PlanSizes:
-    """What an option's runtime terms are computed from: parameters on one device, and the run."""
-
-    parameters: float  # on one tensor-parallel rank
-    layer: float  # of one layer on it: what a sharded runtime gathers at a time
-    root: float  # outside the layers (embeddings, final norm, head)
-    precision: str
-    data_parallel: int  # ranks the model states are sharded over
-
-
-@dataclass(frozen=True)
-class PlanTerm:
-    """Bytes a runtime holds beyond the ZeRO paper's model states, per device."""
-
-    label: str
-    bytes: float
-    with_optimizer: bool = False  # offloaded with the optimizer state when the option offloads
 
 
 class TrainingStrategy:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..planner.options import PlanOption, PlanSizes, PlanTerm
 from ..precision import torch_model_states
 from .base import (
-    PlanOption,
-    PlanSizes,
-    PlanTerm,
     TrainingStrategy,
     one_device_strategy,
     process_group_options,
@@ -37,7 +35,6 @@ class DDP(TrainingStrategy):
             PlanOption(
                 self.name,
                 stage=0,
-                recipes=("cpu-debug", "ddp-node", "ddp-node"),
                 why="every {device} holds the whole model, its optimizer state and activations, so nothing needs sharding",
             )
         ]

@@ -14,15 +14,13 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
+from ..planner.options import PlanOption, PlanSizes, PlanTerm
 from ..precision import MIXED
 from ..recipe.schema import DeepSpeedOptions
 from ..tasks.base import checked_model
 from .base import (
     GpuRequirement,
     MakeOptimizer,
-    PlanOption,
-    PlanSizes,
-    PlanTerm,
     TrainingStrategy,
     gpu_only,
     prepare_blocks,
@@ -83,13 +81,11 @@ class DeepSpeed(TrainingStrategy):
     def plan_options(self) -> list[PlanOption]:
         # DeepSpeed keeps 16-bit parameters and gradients beside its fp32 master weights under mixed
         # precision, runs the module in 16 bits, and communicates 16-bit values. Fabric runs it on GPUs only.
-        def option(stage: int, why: str, offload: str = "none", recipes: tuple[str, str] | None = None) -> PlanOption:
-            node = f"deepspeed-zero{stage}-node"
+        def option(stage: int, why: str, offload: str = "none") -> PlanOption:
             name = f"zero{stage}" + {"none": "", "cpu": "_offload", "nvme": "_nvme"}[offload]
             return PlanOption(
                 name,
                 stage=stage,
-                recipes=("cpu-debug", *(recipes or (node, node))),
                 why=why,
                 comm_vs_ddp=1.5 if stage == 3 else 1.0,
                 offload=offload,
@@ -97,21 +93,12 @@ class DeepSpeed(TrainingStrategy):
                 sixteen_bit_module=True,
             )
 
-        offload = ("deepspeed-zero3-offload-node", "deepspeed-zero3-offload-multinode")
-        nvme = ("deepspeed-zero3-nvme-node", "deepspeed-zero3-nvme-node")
         return [
             option(1, "sharding the optimizer state alone makes it fit, at ddp's communication volume"),
             option(2, "sharding the optimizer state and gradients makes it fit, at ddp's communication volume"),
             option(3, "the parameters must be sharded too (1.5x ddp's communication)"),
-            option(
-                3,
-                "only with parameters and optimizer state in host RAM ({offloaded} per node) does it fit",
-                "cpu",
-                offload,
-            ),
-            option(
-                3, "only with parameters and optimizer state on NVMe ({offloaded} per node) does it fit", "nvme", nvme
-            ),
+            option(3, "only with parameters and optimizer state in host RAM ({offloaded} per node) does it fit", "cpu"),
+            option(3, "only with parameters and optimizer state on NVMe ({offloaded} per node) does it fit", "nvme"),
         ]
 
     def plan_runtime_terms(self, option: PlanOption, sizes: PlanSizes) -> list[PlanTerm]:

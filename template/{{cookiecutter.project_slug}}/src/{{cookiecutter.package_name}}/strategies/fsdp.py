@@ -9,11 +9,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
+from ..planner.options import PlanOption
 from ..recipe.schema import FsdpOptions
 from .base import (
     GpuRequirement,
     MakeOptimizer,
-    PlanOption,
     TrainingStrategy,
     gpu_only,
     prepare_blocks,

@@ -16,15 +16,13 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
+from ..planner.options import PlanOption, PlanSizes, PlanTerm
 from ..precision import MIXED, torch_model_states
 from ..recipe.schema import Fsdp2Options
 from ..tasks.base import checked_model
 from .base import (
     GpuRequirement,
     MakeOptimizer,
-    PlanOption,
-    PlanSizes,
-    PlanTerm,
     TrainingStrategy,
     divisors,
     process_group_options,
@@ -144,7 +142,6 @@ class FSDP2(TrainingStrategy):
             PlanOption(
                 f"{self.name}_tp{size}",
                 stage=3,
-                recipes=("cpu-tp-debug", "fsdp2-tp-multinode", "fsdp2-tp-multinode"),
                 why="one layer's activations ({layer_activations}) do not fit beside the sharded states;"
                 " splitting each layer over {tensor_parallel} {device_plural} does",
                 comm_vs_ddp=1.5,
@@ -156,7 +153,6 @@ class FSDP2(TrainingStrategy):
         sharded = PlanOption(
             self.name,
             stage=3,
-            recipes=("cpu-debug", "fsdp2-node", "fsdp2-multinode"),
             why=f"the parameters must be sharded too (1.5x ddp's communication); {self.name} is the default for that",
             comm_vs_ddp=1.5,
             **BF16_POLICY,
@@ -168,7 +164,6 @@ class FSDP2(TrainingStrategy):
             PlanOption(
                 f"{self.name}_pp{stages}" + (f"_tp{size}" if size > 1 else "") + suffix,
                 stage=3,
-                recipes=("cpu-pp-debug", "llama-70b-pp-fsdp2-tp-multinode", "llama-70b-pp-fsdp2-tp-multinode"),
                 why="{pipeline_parallel} pipeline stages each hold 1/{pipeline_parallel} of the blocks and the"
                 " activations of the pieces in flight ({bubble} of a step idles in {schedule}'s bubble); only"
                 " activations cross between stages",
@@ -316,7 +311,6 @@ class HSDP(FSDP2):
             PlanOption(
                 self.name,
                 stage=3,
-                recipes=("cpu-hsdp-debug", "hsdp-multinode", "hsdp-multinode"),
                 why="sharding inside a node is enough, so only 1/{devices} of the gradients crosses the links between nodes",
                 comm_vs_ddp=1.5,
                 hybrid=True,

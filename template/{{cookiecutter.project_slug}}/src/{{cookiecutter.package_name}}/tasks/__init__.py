@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from importlib import import_module
 from pkgutil import iter_modules
+from typing import Any, cast
 
 from ..errors import RecipeError
+from ..recipe.registry import TASKS
 from ..recipe.schema import Recipe
 from .base import ModelCost, Samples, Splits, Task
 
@@ -53,6 +55,12 @@ def task_class(name: str) -> type[Task]:
         )
     REGISTRY[name] = classes[0]
     return classes[0]
+
+
+# The recipe and checkpoint layers, below this one, look tasks up through recipe/registry.py: the same table, and
+# the folders found the same way.
+TASKS.classes = cast(Any, REGISTRY)
+TASKS.find_with(task_class)
 
 
 def task_for(recipe: Recipe) -> Task:

@@ -21,11 +21,12 @@ Importing this module does not import torch (recipes are checked before torch lo
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias
 
+from ..data.samples import Samples
 from ..errors import RecipeError
 from ..recipe.schema import Recipe
 
@@ -53,25 +54,6 @@ class TrainableModel(Protocol):
         ...
 
     def __call__(self, *inputs: Any) -> Any: ...
-
-
-class Samples(Protocol):
-    """An indexable set of samples: what the exact-resume sampler (data/sampler.py) draws from."""
-
-    def __len__(self) -> int: ...
-
-    def batch(self, indices: Sequence[int]) -> Any:
-        """The micro-batch of these samples: a tensor or a tuple/dict of tensors, on the host."""
-        ...
-
-
-class AugmentedSamples(Samples, Protocol):
-    """Training samples that are augmented: the sampler calls `augmented_batch` instead of `batch`."""
-
-    def augmented_batch(self, indices: Sequence[int], draws: Sequence[int]) -> Any:
-        """`batch(indices)` with sample i augmented by randomness drawn from (seed, draws[i]); draws[i] is the
-        sample's position in the run's stream of samples, so a resumed run augments it identically."""
-        ...
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..checkpoint.io import WRITTEN_HOOKS
+
 ENV = "TRAIN_FAULT"
 # The loop's points and the faults injected at each.
 POINTS = {
@@ -75,6 +77,13 @@ def fault_point(where: str, step: int, out_dir: str | Path = ".") -> None:
             marker.touch()
             print(f"{ENV}: rank {rank} crashes after step {step}", file=sys.stderr, flush=True)
             os._exit(1)
+
+
+def _in_save(step: int, out_dir: str) -> None:
+    fault_point("in-save", step, out_dir)
+
+
+WRITTEN_HOOKS.append(_in_save)  # the checkpoint layer calls it between writing a checkpoint and showing it
 
 
 def poison_loss(loss: torch.Tensor, step: int) -> torch.Tensor:

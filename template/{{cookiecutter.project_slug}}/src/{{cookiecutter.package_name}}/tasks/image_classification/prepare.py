@@ -23,13 +23,10 @@ refused before training. Imports numpy, not torch (`recipes validate` uses `desc
 
 from __future__ import annotations
 
-import hashlib
-import json
 import multiprocessing
 import os
 import shutil
 import sys
-import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -40,8 +37,9 @@ import numpy as np
 
 from ...checkpoint.layout import new_partial
 from ...cluster.lifecycle import end_with_parent
-from ...data.shards import MANIFEST, Listed, check_files, load_manifest
+from ...data.shards import Listed, ShardWriter, check_files, load_manifest, write_manifest
 from ...errors import RecipeError
+from ...progress import Meter
 from .config import ImageDataConfig, ViTConfig
 
 FORMAT = 1
@@ -52,7 +50,6 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 LABEL_DTYPE = np.dtype("<i8")
 SHARD_BYTES = 1 << 29  # 512 MiB of pixels per shard by default: few files, each stays memory-mapped
 BATCH_IMAGES = 64  # images per task sent to a worker
-LOG_EVERY_SECONDS = 10.0
 DIGITS_SHAPE = (8, 1)  # image_size, channels of scikit-learn's digits
 DIGITS_CLASSES = [str(digit) for digit in range(10)]
 DIGITS_SPLIT_SEED = 0  # fixed: train.seed must not move images between the splits
@@ -162,73 +159,10 @@ def decoded_batches(paths: list[Path], image_size: int, channels: int, workers: 
                 future.cancel()
 
 
-class ShardWriter:
-    """Appends images and labels to SPLIT-NNNNN.bin and .labels.bin files of `shard_images` images; hashes them."""
-
-    def __init__(self, folder: Path, split: str, shard_images: int) -> None:
-        self.folder, self.split, self.shard_images = folder, split, shard_images
-        self.shards: list[dict[str, Any]] = []
-        self._files: Any = None
-        self._hashes: Any = None
-
-    def write(self, pixels: np.ndarray, labels: np.ndarray) -> None:
-        """Append images (n, H, W, C) and their labels, starting new shards as they fill."""
-        while len(pixels):
-            if self._files is None:
-                name = f"{self.split}-{len(self.shards):05d}"
-                shard: dict[str, Any] = {"file": f"{name}.bin", "labels": f"{name}.labels.bin", "images": 0}
-                self._files = [(self.folder / shard[key]).open("wb") for key in ("file", "labels")]
-                self._hashes = [hashlib.sha256(), hashlib.sha256()]
-                self.shards.append(shard)
-            room = self.shard_images - self.shards[-1]["images"]
-            pieces = (pixels[:room].tobytes(), labels[:room].astype(LABEL_DTYPE).tobytes())
-            for file, digest, data in zip(self._files, self._hashes, pieces, strict=True):
-                file.write(data)
-                digest.update(data)
-            self.shards[-1]["images"] += len(pixels[:room])
-            pixels, labels = pixels[room:], labels[room:]
-            if self.shards[-1]["images"] == self.shard_images:
-                self._close_shard()
-
-    def close(self) -> list[dict[str, Any]]:
-        """Finish the last shard; the manifest entries of all shards."""
-        if self._files is not None:
-            self._close_shard()
-        return self.shards
-
-    def _close_shard(self) -> None:
-        for file in self._files:
-            file.close()
-        self.shards[-1].update(sha256=self._hashes[0].hexdigest(), labels_sha256=self._hashes[1].hexdigest())
-        self._files = None
-
-
-class Progress:
-    """A bar on a terminal, a plain line every LOG_EVERY_SECONDS otherwise (a log file, a batch job)."""
-
-    def __init__(self, total_images: int, enabled: bool) -> None:
-        self.total, self.done, self.enabled = total_images, 0, enabled
-        self.bar = None
-        self._last_line = time.monotonic()
-        if enabled and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            columns, rows = shutil.get_terminal_size()  # tqdm reads 0 columns on some ptys and hides the bar
-            self.bar = tqdm(total=total_images, unit="img", desc="prepare", file=sys.stderr, ncols=columns, nrows=rows)
-
-    def advance(self, images: int) -> None:
-        """Count images written."""
-        self.done += images
-        if self.bar is not None:
-            self.bar.update(images)
-        elif self.enabled and time.monotonic() - self._last_line >= LOG_EVERY_SECONDS:
-            self._last_line = time.monotonic()
-            print(f"prepare: {self.done:,} of {self.total:,} images written", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        """Remove the bar."""
-        if self.bar is not None:
-            self.bar.close()
+def shard_writer(folder: Path, split: str, shard_images: int) -> ShardWriter:
+    """Images and labels to SPLIT-NNNNN.bin and .labels.bin files of `shard_images` images; write(pixels, labels)."""
+    columns = {"file": (".bin", "sha256"), "labels": (".labels.bin", "labels_sha256")}
+    return ShardWriter(folder, split, shard_images, "images", columns)
 
 
 def prepare_images(
@@ -264,12 +198,14 @@ def prepare_images(
 
     partial = new_partial(target)
     try:
-        writers = {split: ShardWriter(partial, split, shard_images) for split in SPLITS}
-        shown = Progress(len(images), progress)
+        writers = {split: shard_writer(partial, split, shard_images) for split in SPLITS}
+        total = len(images)
+        shown = Meter("prepare", total, "img", lambda done: f"{done:,} of {total:,} images written", progress)
         try:
             start = 0
             for pixels in decoded_batches([path for path, _ in images], image_size, channels, workers):
                 held, batch_labels = held_out[start : start + len(pixels)], labels[start : start + len(pixels)]
+                batch_labels = batch_labels.astype(LABEL_DTYPE)
                 writers["train"].write(pixels[~held], batch_labels[~held])
                 writers["validation"].write(pixels[held], batch_labels[held])
                 start += len(pixels)
@@ -295,7 +231,7 @@ def prepare_images(
             "resize": "shorter side to image_size (bicubic), centre crop",
             "sources": {"folder": str(input_folder), "images": len(images), "ignored_files": ignored},
         }
-        (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        write_manifest(partial, manifest)
         partial.rename(target)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -308,13 +244,8 @@ def prepare_images(
 
 def read_manifest(folder: Path, field: str = "data.path") -> dict[str, Any]:
     """The manifest of a complete prepared image folder; refuses a missing, unfinished or foreign one."""
-    manifest = load_manifest(folder, field, prepare_hint=f"prepare IMAGE_FOLDER --out {folder}")
-    where = f"{field}={str(folder)!r}"
-    if manifest.get("kind") != KIND:
-        raise RecipeError(f"{where}: not a prepared image folder ({MANIFEST} has no kind: {KIND})")
-    if manifest.get("format") != FORMAT:
-        raise RecipeError(f"{where}: {MANIFEST} has format {manifest.get('format')!r}, this code reads {FORMAT}")
-    return manifest
+    hint = f"prepare IMAGE_FOLDER --out {folder}"
+    return load_manifest(folder, field, hint, FORMAT, (KIND, "a prepared image folder"))
 
 
 def verify(folder: Path, manifest: dict[str, Any], checksums: bool = False, field: str = "data.path") -> None:

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 from ....errors import RecipeError
 from ....project import PROJECT
 from .inputs import Progress, Source, iter_documents
-from .prepared import ShardWriter
+from .prepared import TokenShardWriter
 from .tokenizer import batches, encode_documents
 
 
@@ -66,7 +66,7 @@ def tokenize_run(
 
 
 def encode_with_ray(
-    sources: list[Source], text_field: str, tokenizer: Tokenizer, eos: int, writer: ShardWriter, tasks: int,
+    sources: list[Source], text_field: str, tokenizer: Tokenizer, eos: int, writer: TokenShardWriter, tasks: int,
     progress: Progress,
 ) -> None:  # fmt: skip
     """Tokenize the sources in Ray tasks and write their streams in input order; counts each source's documents."""
@@ -95,7 +95,7 @@ def encode_with_ray(
             ray.shutdown()
 
 
-def _write(sources: list[Source], writer: ShardWriter, progress: Progress, run: list[int], result: Any) -> None:
+def _write(sources: list[Source], writer: TokenShardWriter, progress: Progress, run: list[int], result: Any) -> None:
     import ray
 
     try:

@@ -11,19 +11,16 @@ from __future__ import annotations
 import glob
 import io
 import json
-import shutil
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from ....errors import RecipeError
+from ....progress import Meter
 
 FORMATS = {".txt": "txt", ".jsonl": "jsonl", ".parquet": "parquet", ".arrow": "arrow"}
 SAVED_STATE, SAVED_SPLITS = "state.json", "dataset_dict.json"  # a save_to_disk Dataset's, a DatasetDict's
-LOG_EVERY_SECONDS = 10.0
 
 
 @dataclass
@@ -235,33 +232,16 @@ def iter_documents(sources: list[Source], text_field: str, progress: Progress | 
             yield text
 
 
-class Progress:
-    """A bar on a terminal, a plain line every LOG_EVERY_SECONDS otherwise (a log file, a batch job)."""
+class Progress(Meter):
+    """`prepare`'s input bytes read, with the tokens written so far (which the writers add to `tokens`) in its lines."""
 
     def __init__(self, total_bytes: int, enabled: bool) -> None:
-        self.total, self.done, self.tokens = total_bytes, 0, 0
-        self.bar = None
-        self.enabled = enabled
-        self._last_line = time.monotonic()
-        if enabled and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            # The size is read once; a terminal reporting 0 columns or rows (some ptys) would hide tqdm's bar.
-            columns, rows = shutil.get_terminal_size()
-            self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="prepare", file=sys.stderr,
-                            ncols=columns, nrows=rows)  # fmt: skip
-
-    def advance(self, consumed: int) -> None:
-        """Count input bytes read."""
-        self.done += consumed
-        if self.bar is not None:
-            self.bar.update(consumed)
-        elif self.enabled and time.monotonic() - self._last_line >= LOG_EVERY_SECONDS:
-            self._last_line = time.monotonic()
-            read = f"{self.done / 2**20:.0f} of {self.total / 2**20:.0f} MiB read"
-            print(f"prepare: {read}, {self.tokens:,} tokens written", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        """Remove the bar."""
-        if self.bar is not None:
-            self.bar.close()
+        self.tokens = 0
+        mib = total_bytes / 2**20
+        super().__init__(
+            "prepare",
+            total_bytes,
+            "B",
+            lambda done: f"{done / 2**20:.0f} of {mib:.0f} MiB read, {self.tokens:,} tokens written",
+            enabled,
+        )

@@ -21,7 +21,6 @@ whose chat template is used.
 from __future__ import annotations
 
 import hashlib
-import json
 import multiprocessing
 import os
 import shutil
@@ -40,6 +39,7 @@ from tokenizers import Tokenizer
 
 from ....checkpoint.layout import new_partial
 from ....cluster.lifecycle import end_with_parent
+from ....data.shards import write_manifest
 from ....errors import RecipeError
 from .chat import ChatTemplate, find_chat_template
 from .inputs import (
@@ -56,7 +56,7 @@ from .prepared import (
     TASK,
     TOKENIZER,
     ShardedTokens,
-    ShardWriter,
+    TokenShardWriter,
     count_token,
     validation_boundary,
 )
@@ -110,7 +110,7 @@ def _sequential_tokenizers() -> Iterator[None]:
 
 
 def encode_to_shards(
-    documents: Iterator[str], tokenizer: Tokenizer, eos: int, writer: ShardWriter, workers: int, progress: Progress
+    documents: Iterator[str], tokenizer: Tokenizer, eos: int, writer: TokenShardWriter, workers: int, progress: Progress
 ) -> None:
     """Tokenize documents in `workers` processes and write the results in reading order."""
     # fork: workers start in milliseconds and need nothing re-imported; spawn elsewhere (macOS, Windows).
@@ -128,7 +128,7 @@ def encode_to_shards(
             _write(writer, pending.popleft().result(), progress)
 
 
-def _write(writer: ShardWriter, tokens: np.ndarray, progress: Progress) -> None:
+def _write(writer: TokenShardWriter, tokens: np.ndarray, progress: Progress) -> None:
     writer.write(tokens)
     progress.tokens += len(tokens)
 
@@ -212,7 +212,7 @@ def prepare(
             _refuse_empty(sources, inputs)
             manifest = {"task": TASK, **manifest}
             manifest["tokenizer"]["trained_on_inputs"] = train_tokenizer is not None
-            (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            write_manifest(partial, manifest)
             partial.rename(target)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
@@ -291,7 +291,10 @@ def _write_sft_folder(
 ) -> dict[str, Any]:  # fmt: skip
     """Tokenizer, token and loss-mask shards, example offsets and the validation split; the manifest (not written)."""
     manifest, dtype = _tokenizer_part(folder, tokenizer)
-    writers = (ShardWriter(folder, dtype, shard_tokens), ShardWriter(folder, np.dtype(np.uint8), shard_tokens, "mask"))
+    writers = (
+        TokenShardWriter(folder, dtype, shard_tokens),
+        TokenShardWriter(folder, np.dtype(np.uint8), shard_tokens, "mask"),
+    )
     progress = Progress(sum(source.size for source in sources), enabled=show_progress)
     try:
         offsets, loss_tokens = write_examples(folder, sources, tokenizer, template, writers, progress)
@@ -339,7 +342,7 @@ def _write_folder(
     """Tokenizer, shards and the validation split into `folder`; the manifest (not yet written)."""
     manifest, dtype = _tokenizer_part(folder, tokenizer)
     eos = manifest["tokenizer"]["eos_id"]
-    writer = ShardWriter(folder, dtype, shard_tokens)
+    writer = TokenShardWriter(folder, dtype, shard_tokens)
     progress = Progress(sum(source.size for source in sources), enabled=show_progress)
     try:
         if parallel.engine == "ray":

@@ -14,14 +14,13 @@ interrupted `prepare` (which leaves `OUT.partial`) or a damaged shard is refused
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ....data.shards import MANIFEST, Listed, check_files, load_manifest
+from ....data.shards import MANIFEST, Listed, ShardWriter, check_files, load_manifest
 from ....errors import RecipeError
 
 TOKENIZER = "tokenizer.json"
@@ -108,44 +107,20 @@ class ShardedTokens:
         return np.concatenate(parts) if parts else np.empty(0, dtype=self.dtype)
 
 
-class ShardWriter:
-    """Appends tokens to PREFIX-NNNNN.bin files of `shard_tokens` tokens each; hashes them as they are written."""
+class TokenShardWriter(ShardWriter):
+    """Appends tokens to PREFIX-NNNNN.bin files of `shard_tokens` tokens each, noting the largest token id."""
 
     def __init__(self, folder: Path, dtype: np.dtype, shard_tokens: int, prefix: str = "shard") -> None:
-        self.folder, self.dtype, self.shard_tokens, self.prefix = folder, dtype, shard_tokens, prefix
-        self.shards: list[dict[str, Any]] = []
+        super().__init__(folder, prefix, shard_tokens, "tokens", {"file": (".bin", "sha256")})
+        self.dtype = dtype
         self.max_token_id = -1
-        self._file: Any = None
-        self._hash: Any = None
-        self._count = 0
 
-    def write(self, tokens: np.ndarray) -> None:
-        """Append tokens, starting new shards as they fill."""
+    def write(self, *columns: Any) -> None:
+        """Append one array of tokens, starting new shards as they fill."""
+        (tokens,) = columns
         if len(tokens):
             self.max_token_id = max(self.max_token_id, int(tokens.max()))
-        while len(tokens):
-            if self._file is None:
-                name = f"{self.prefix}-{len(self.shards):05d}.bin"
-                self._file, self._hash, self._count = (self.folder / name).open("wb"), hashlib.sha256(), 0
-                self.shards.append({"file": name, "tokens": 0, "sha256": ""})
-            piece, tokens = tokens[: self.shard_tokens - self._count], tokens[self.shard_tokens - self._count :]
-            data = piece.astype(self.dtype, copy=False).tobytes()
-            self._file.write(data)
-            self._hash.update(data)
-            self._count += len(piece)
-            if self._count == self.shard_tokens:
-                self._close_shard()
-
-    def close(self) -> list[dict[str, Any]]:
-        """Finish the last shard; the manifest entries of all shards."""
-        if self._file is not None:
-            self._close_shard()
-        return self.shards
-
-    def _close_shard(self) -> None:
-        self._file.close()
-        self.shards[-1].update(tokens=self._count, sha256=self._hash.hexdigest())
-        self._file = None
+        super().write(tokens.astype(self.dtype, copy=False))
 
 
 def validation_boundary(tokens: ShardedTokens, eos: int, fraction: float) -> int:
@@ -172,12 +147,7 @@ def count_token(tokens: ShardedTokens, token: int) -> int:
 
 def read_manifest(folder: Path, field: str = "data.path") -> dict[str, Any]:
     """The manifest of a complete prepared folder; refuses a missing, unfinished or foreign one."""
-    manifest = load_manifest(folder, field, prepare_hint=f"prepare INPUTS --out {folder}")
-    if manifest.get("format") != FORMAT:
-        raise RecipeError(
-            f"{field}={str(folder)!r}: {MANIFEST} has format {manifest.get('format')!r}, this code reads {FORMAT}"
-        )
-    return manifest
+    return load_manifest(folder, field, f"prepare INPUTS --out {folder}", FORMAT)
 
 
 def verify(folder: Path, manifest: dict[str, Any], checksums: bool = False, field: str = "data.path") -> None:

@@ -1,0 +1,49 @@
+"""What `plan` weighs, in the planner's own types: a strategy family describes its ways of holding the training
+state as `PlanOption`s and adds its runtime's bytes as `PlanTerm`s computed from `PlanSizes`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PlanOption:
+    """One way a strategy family can hold the training state, as `plan` weighs it (plan.py has the formulas)."""
+
+    name: str  # the candidate's name in plan's table and JSON: "zero3_offload"
+    stage: int  # the ZeRO stage its model states follow: 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters
+    why: str  # the sentence when it is recommended; may name {device}, {devices} and {offloaded}
+    comm_vs_ddp: float = 1.0  # data-parallel volume per micro-batch vs ddp's all-reduce (ZeRO paper, section 7)
+    tensor_parallel: int = 1  # devices that split each layer
+    offload: str = "none"  # none | cpu | nvme: where parameters and optimizer state live
+    hybrid: bool = False  # sharded inside a node, replicated across nodes (needs num_nodes >= 2)
+    runs_on_cpu: bool = True
+    sixteen_bit_module: bool = False  # mixed precision runs a 16-bit copy of the module: activations, collectives
+    fp32_gradient_reduce: bool = False  # a 16-bit module whose gradients are still reduced in fp32 (fully_shard's)
+    pipeline_parallel: int = 1  # stages the blocks are split into, one group of devices each
+    pipeline_schedule: str = "1F1B"  # GPipe | 1F1B | Interleaved1F1B | InterleavedZeroBubble | ZBVZeroBubble
+    pipeline_stages_per_rank: int = 1
+
+    def layout(self) -> tuple[int, int]:
+        """(pipeline, tensor parallel) sizes: options that differ only in their schedule share a layout."""
+        return self.pipeline_parallel, self.tensor_parallel
+
+
+@dataclass(frozen=True)
+class PlanSizes:
+    """What an option's runtime terms are computed from: parameters on one device, and the run."""
+
+    parameters: float  # on one tensor-parallel rank
+    layer: float  # of one layer on it: what a sharded runtime gathers at a time
+    root: float  # outside the layers (embeddings, final norm, head)
+    precision: str
+    data_parallel: int  # ranks the model states are sharded over
+
+
+@dataclass(frozen=True)
+class PlanTerm:
+    """Bytes a runtime holds beyond the ZeRO paper's model states, per device."""
+
+    label: str
+    bytes: float
+    with_optimizer: bool = False  # offloaded with the optimizer state when the option offloads
