@@ -23,7 +23,7 @@ def test_generated_test_suite_passes(default_project: Path) -> None:
 def test_generated_image_project_passes_its_quick_tests_and_its_tasks_end_to_end_tests(image_project: Path) -> None:
     """The image classifier's project: every quick test, and its task's multi-process runs (the machinery's own
     multi-process tests run on it under `scripts/test.sh --full`)."""
-    for selection in (["-m", "not slow"], ["tests/e2e/test_image_classification.py"]):
+    for selection in (["-m", "not slow"], ["tests/tasks/image_classification/test_image_classification.py"]):
         args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection]
         result = run(args, cwd=image_project, timeout=1800)
         assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]

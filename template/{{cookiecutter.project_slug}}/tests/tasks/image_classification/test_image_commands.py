@@ -1,6 +1,6 @@
 """The image classifier's command line refuses bad input in one line with exit code 2, before anything is written:
 recipe fields that do not fit the model or the data, an image folder that is not one, a missing checkpoint (a
-missing image: tests/e2e/test_image_classification.py, which has a checkpoint)."""
+missing image: tests/tasks/image_classification/test_image_classification.py, which has a checkpoint)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import fail_with
+from helpers import RECIPES, fail_with
 from tokenizers import Tokenizer
 
 from {{ cookiecutter.package_name }}.tasks.base import batch_loss
@@ -238,7 +238,7 @@ def test_a_record_that_is_not_chat_is_refused_in_one_line_and_nothing_is_written
 def test_data_format_sft_refuses_a_token_stream_folder_and_a_text_source(
     tmp_path: Path, records: Path, tokenizer_folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    recipe = str(Path(__file__).resolve().parents[2] / "recipes" / "cpu-sft-debug.yaml")
+    recipe = str(RECIPES / "cpu-sft-debug.yaml")
     err = fail_with(["train", "--config", recipe, "--data.source", "text", "--data.path", str(tmp_path)], capsys)
     assert "data.format=sft" in err and "data.source must be prepared" in err and "not text" in err
     stream, text = tmp_path / "stream", tmp_path / "text.txt"
