@@ -90,9 +90,9 @@ def assert_only_the_task_is_there(project: Path, task: str) -> None:
     assert [path.name for path in recipes] == sorted(path.name for path in (LIBRARY / task).glob("*.yaml"))
     assert not [path for path in (project / "recipes").iterdir() if path.is_dir()]  # no task's folder is left
     assert all(f"task: {task}" in path.read_text() for path in recipes)
-    other = {"language_model": "test_llama.py", "image_classification": "test_image_classification.py"}
-    assert (project / "tests" / "e2e" / other[task]).is_file()
-    assert not any((project / "tests" / "e2e" / name).exists() for key, name in other.items() if key != task)
+    task_tests = {"language_model": "test_llama.py", "image_classification": "test_image_classification.py"}
+    assert [path.name for path in (project / "tests" / "tasks").iterdir()] == [task]  # a task's tests: one folder
+    assert (project / "tests" / "tasks" / task / task_tests[task]).is_file()
     assert (project / "docs" / "fine-tuning.md").is_file() == (task == "language_model")  # a page per task topic
 
 

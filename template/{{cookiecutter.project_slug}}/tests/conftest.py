@@ -21,6 +21,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def toy_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This project's src/ copied with the toy task (tests/toy_task.py) added as a package: what the machinery's
+    """This project's src/ copied with the toy task (tests/toy_task/) added as a package: what the machinery's
     multi-process tests run (`run_cli(..., source=toy_source)`)."""
-    return with_task_package(PROJECT / "tests" / "toy_task.py", TOY_TASK, tmp_path_factory.mktemp("toy") / "src")
+    return with_task_package(PROJECT / "tests" / "toy_task", TOY_TASK, tmp_path_factory.mktemp("toy") / "src")

@@ -170,22 +170,24 @@ def train_args(out_dir: Path, *overrides: str) -> list[str]:
     return ["train", *recipe_args(out_dir, *overrides)]
 
 
-# The toy task of tests/toy_task.py: what the machinery's own tests train, in every project whatever its task.
+# The toy task of tests/toy_task/: what the machinery's own tests train, in every project whatever its task.
 TOY_TASK = "vector_regression"
 TOY_RECIPE = PROJECT / "tests" / "toy-debug.yaml"
 
 
-def with_task_package(module: Path, name: str, target: Path) -> Path:
-    """A copy of the project's src/ at `target` with `module` added as the task package tasks/<name>/ (its imports
-    made relative, as a task written inside the package has them), nothing else touched; returns `target`."""
+def with_task_package(folder: Path, name: str, target: Path) -> Path:
+    """A copy of the project's src/ at `target` with the task package `folder` added as tasks/<name>/ (its imports
+    of the project made relative, as a task written inside the package has them), nothing else touched; returns
+    `target`."""
     import re
     import shutil
 
     shutil.copytree(PROJECT / "src", target, ignore=shutil.ignore_patterns("__pycache__"))
     package = target / PACKAGE / "tasks" / name
     package.mkdir()
-    (package / "__init__.py").write_text(f'"""The task {name}, as a package."""\n')
-    (package / "task.py").write_text(re.sub(rf"^from {PACKAGE}\.", "from ...", module.read_text(), flags=re.M))
+    for module in sorted(folder.glob("*.py")):
+        text = re.sub(rf"^from {PACKAGE}\.", "from ...", module.read_text(), flags=re.M)
+        (package / module.name).write_text(text)
     return target
 
 

@@ -1,6 +1,6 @@
 """Checkpoint schedule and retention, skipping of damaged checkpoints, and the checkpoint commands.
 
-The machinery's own test: it trains the toy task (tests/toy_task.py), so it runs in every project.
+The machinery's own test: it trains the toy task (tests/toy_task/), so it runs in every project.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import pytest
 import torch
 import yaml
 from helpers import read_csv_metrics, run_cli, toy_train_args
-from toy_task import Mlp, MlpConfig, VectorRegression
+from toy_task.model import Mlp
+from toy_task.task import MlpConfig, VectorRegression
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.tasks import REGISTRY, register

@@ -1,6 +1,6 @@
 """A job killed at any point and resumed with `resume: auto` ends bitwise identical to one never interrupted.
 
-The machinery's own test: it trains the toy task (tests/toy_task.py), so it runs in every project, whatever its task.
+The machinery's own test: it trains the toy task (tests/toy_task/), so it runs in every project, whatever its task.
 """
 
 from __future__ import annotations

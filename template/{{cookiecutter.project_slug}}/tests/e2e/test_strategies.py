@@ -2,7 +2,7 @@
 
 Same seed, same global batch (8 vectors = micro_batch_size x data-parallel ranks): ddp, FSDP2,
 HSDP, tensor parallel and FSDP2 + tensor parallel are the same computation spread differently.
-The machinery's own test: it trains the toy task (tests/toy_task.py), so it runs in every project.
+The machinery's own test: it trains the toy task (tests/toy_task/), so it runs in every project.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from helpers import (
     train_each_layout_once,
     train_losses,
 )
-from toy_task import Mlp, MlpConfig
+from toy_task.model import Mlp
+from toy_task.task import MlpConfig
 
 from {{ cookiecutter.package_name }}.precision import torch_model_states
 

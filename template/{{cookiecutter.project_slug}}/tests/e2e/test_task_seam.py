@@ -1,4 +1,4 @@
-"""A task is one package: the toy task of tests/toy_task.py (regression of random vectors with an MLP built from
+"""A task is one package: the toy task of tests/toy_task/ (regression of random vectors with an MLP built from
 blocks), copied as tasks/vector_regression/ into a copy of this project's package with no other file touched, is
 found by its folder, passes `check`, and trains with the project's machinery. Its recipe is its own file: the
 machinery's sections plus the task's `model:` and `data:`. `register` adds a task defined outside the package.
@@ -21,7 +21,7 @@ from helpers import (
     run_cli,
     train_losses,
 )
-from toy_task import VectorRecipe, VectorRegression
+from toy_task.task import VectorRecipe, VectorRegression
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.tasks import register

@@ -12,7 +12,8 @@ import torch
 import yaml
 from helpers import PROJECT
 from torch import nn
-from toy_task import Mlp, VectorRegression
+from toy_task.model import Mlp
+from toy_task.task import VectorRegression
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.errors import RecipeError

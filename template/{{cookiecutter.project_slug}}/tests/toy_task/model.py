@@ -1,51 +1,17 @@
-"""A small task kept beside the tests: regression of random vectors with a residual MLP built from blocks.
-
-It is what a user's own task looks like (tasks/base.py: the required methods, the model contract) and what the
-machinery's tests train when they need a task that is not the project's.
-"""
+"""The toy task's model, a residual MLP built from blocks, and its samples, random vectors made from a seed."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from torchmetrics import MeanAbsoluteError, Metric
-from torchmetrics.aggregation import MeanMetric
 
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
-from {{ cookiecutter.package_name }}.tasks import Splits, Task
 from {{ cookiecutter.package_name }}.tasks.base import init_parameters
 
-
-@dataclass
-class MlpConfig:
-    """A residual MLP: an input layer, `depth` blocks of width `width`, a linear head."""
-
-    inputs: int = 8
-    outputs: int = 4
-    width: int = 32
-    depth: int = 3
-
-
-@dataclass
-class VectorData:
-    """Random vectors x and targets y = W x + noise, W fixed by `seed`."""
-
-    samples: int = 512
-    noise: float = 0.01
-    seed: int = 0
-
-
-@dataclass
-class VectorRecipe(Recipe):
-    """A recipe of `task: vector_regression`."""
-
-    model: MlpConfig = field(default_factory=MlpConfig)
-    data: VectorData = field(default_factory=VectorData)
+from .task import MlpConfig, VectorData
 
 
 class Block(nn.Module):
@@ -111,41 +77,3 @@ class Vectors:
 
     def batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x[list(indices)], self.y[list(indices)]
-
-
-class VectorRegression(Task):
-    """Mean squared error of an MLP on random linear data; validation also reports the mean absolute error."""
-
-    name = "vector_regression"
-    recipe_type = VectorRecipe
-    unit = "vector"
-
-    def build_model(self) -> nn.Module:
-        return Mlp(self.recipe.model)
-
-    def datasets(self) -> Splits:
-        data, model = self.recipe.data, self.recipe.model
-        held_out = data.samples // 8
-        train = Vectors(data, model, 0, data.samples - held_out)
-        return Splits(train, Vectors(data, model, data.samples - held_out, held_out))
-
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return nn.functional.mse_loss(outputs, targets)
-
-    def metrics(self) -> dict[str, Metric]:
-        return {"loss": MeanMetric(), "mae": MeanAbsoluteError()}
-
-    def update_metrics(self, outputs: torch.Tensor, targets: torch.Tensor, metrics: dict[str, Metric]) -> None:
-        metrics["loss"].update(self.loss(outputs, targets))
-        metrics["mae"].update(outputs, targets)
-
-    def tensor_parallel_dimensions(self) -> dict[str, int]:
-        return {"model.width": self.recipe.model.width}
-
-    def pipeline_blocks(self) -> int:
-        return self.recipe.model.depth
-
-    def flops_per_unit(self) -> float:
-        config = self.recipe.model
-        blocks = config.depth * 2 * (2 * config.width * config.width)  # fc and proj
-        return 6.0 * (config.inputs * config.width + blocks + config.width * config.outputs)
