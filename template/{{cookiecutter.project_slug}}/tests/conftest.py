@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,3 +25,15 @@ def toy_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This project's src/ copied with the toy task (tests/toy_task/) added as a package: what the machinery's
     multi-process tests run (`run_cli(..., source=toy_source)`)."""
     return with_task_package(PROJECT / "tests" / "toy_task", TOY_TASK, tmp_path_factory.mktemp("toy") / "src")
+
+
+@pytest.fixture
+def toy_task_here() -> Iterator[None]:
+    """The toy task known to this process too (in-process commands: `plan`, `checkpoint inspect`, ...)."""
+    from toy_task.task import VectorRegression
+
+    from {{ cookiecutter.package_name }}.tasks import REGISTRY, register
+
+    register(VectorRegression)
+    yield
+    REGISTRY.pop(VectorRegression.name)

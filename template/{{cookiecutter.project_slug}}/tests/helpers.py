@@ -207,12 +207,13 @@ main()
 """
 
 
-def run_cli_without(modules: tuple[str, ...], *args: str) -> subprocess.CompletedProcess:
-    """Run the command line where `modules` (torch, submitit, ...) cannot be imported; capture its output."""
+def run_cli_without(modules: tuple[str, ...], *args: str, source: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the command line where `modules` (torch, submitit, ...) cannot be imported; capture its output.
+    `source`: a copy of src/ to run instead (`with_task_package`)."""
     return subprocess.run(
         [sys.executable, "-c", WITHOUT_MODULES, ",".join(modules), *args],
         cwd=PROJECT,
-        env=cli_env(),
+        env=cli_env(source),
         capture_output=True,
         text=True,
     )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,10 +14,9 @@ import torch
 import yaml
 from helpers import read_csv_metrics, run_cli, toy_train_args
 from toy_task.model import Mlp
-from toy_task.task import MlpConfig, VectorRegression
+from toy_task.task import MlpConfig
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.tasks import REGISTRY, register
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +41,6 @@ def test_time_based_saves_keep_the_newest_k_and_log_save_time(run_dir: Path) -> 
         if row.get("time/checkpoint_save_seconds")
     )
     assert any(row.get("time/checkpoint_save_seconds") for row in read_csv_metrics(run_dir))
-
-
-@pytest.fixture
-def toy_task_here() -> Iterator[None]:
-    """The toy task known to this process too (`checkpoint inspect` names the task a checkpoint was trained with)."""
-    register(VectorRegression)
-    yield
-    REGISTRY.pop(VectorRegression.name)
 
 
 @pytest.mark.slow
