@@ -62,7 +62,7 @@ def check_metadata(state: Path) -> None:
     except Exception as error:  # pickle raises many kinds on a file that is not what it claims
         raise RecipeError(
             f"checkpoint {state.parent}: {path} is not a checkpoint's metadata and is not read ({error}); a checkpoint"
-            " from an untrusted source can run code when loaded, see the README's Checkpoints section"
+            " from an untrusted source can run code when loaded, see docs/failures-and-checkpoints.md (Checkpoints)"
         ) from None
 
 

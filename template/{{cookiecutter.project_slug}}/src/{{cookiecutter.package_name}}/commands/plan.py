@@ -55,7 +55,7 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
     parser.add_argument("--margin", type=float, default=0.1, help="Fraction of device memory kept free.")
     parser.add_argument("--host_memory_gib", type=float, default=None, help="Host RAM per node, for CPU offload.")
     parser.add_argument("--write", default=None, help="Write the recommended recipe to this file.")
-    parser.add_argument("--json", action="store_true", help="Print the plan as JSON (schema in the README).")
+    parser.add_argument("--json", action="store_true", help="Print the plan as JSON (its fields: docs/strategies.md).")
 
 
 def plan_device(options: Any, recipe: Recipe) -> Device:
