@@ -36,7 +36,7 @@ from ..tasks import task_class
 # (found without importing it, so that listing the commands imports none).
 COMMANDS: dict[str, str] = {
     name: f"{__package__}.{name}"
-    for name in ("train", "check", "recipes", "checkpoint", "plan", "slurm", "submit", "k8s", "ray", "report", "data")
+    for name in ("train", "check", "rehearse", "recipes", "checkpoint", "plan", "slurm", "submit", "k8s", "ray", "report", "data")
     if find_spec(f"{__package__}.{name}") is not None
 }
 

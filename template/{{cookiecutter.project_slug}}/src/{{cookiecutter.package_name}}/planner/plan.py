@@ -126,6 +126,8 @@ class Estimate:
     comm_vs_ddp: float
     step_seconds: float | None
     pipeline: PipelineTerms | None = None  # bubble, pieces held, p2p: pipeline candidates only
+    parameters_per_rank: float = 0.0  # held by one rank before data-parallel sharding: its stage, its tensor share
+    data_parallel: int = 1  # ranks its model states are sharded over
 
     @property
     def runtime_extra(self) -> float:
@@ -221,7 +223,20 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
         fits = fits and offloaded <= inputs.host_memory_bytes
     comm, seconds = communication(candidate, inputs, micro_batch, local, data_parallel, checkpointing, pipeline)
     return Estimate(
-        candidate, why_not, paper, offloaded, terms, acts, checkpointing, total, fits, comm, seconds, pipeline
+        candidate,
+        why_not,
+        paper,
+        offloaded,
+        terms,
+        acts,
+        checkpointing,
+        total,
+        fits,
+        comm,
+        seconds,
+        pipeline,
+        local,
+        data_parallel,
     )
 
 

@@ -91,6 +91,11 @@ class TrainingStrategy:
         """The ways of holding the training state that `plan` compares for this family."""
         return []
 
+    def recipe_plan_option(self) -> PlanOption | None:
+        """The plan option that is this recipe's own layout (what `rehearse` compares with); None: plan has none."""
+        options = self.plan_options()
+        return options[0] if options else None
+
     def plan_runtime_terms(self, option: PlanOption, sizes: PlanSizes) -> list[PlanTerm]:
         """What this runtime holds per device beyond the paper's model states (buffers, extra copies)."""
         return []
@@ -188,15 +193,17 @@ class TrainingStrategy:
 
     def clip_and_step(self, fabric: Fabric, model: Any, optimizer: Any, max_norm: float) -> torch.Tensor | None:
         """Clip the global gradient norm to `max_norm` (0: no clipping), step; return the norm before clipping."""
-        # error_if_nonfinite would read the norm on the host: a second sync per step. A non-finite
-        # gradient comes from a non-finite loss, which step_decision.decide has already caught.
-        grad_norm = (
-            fabric.clip_gradients(model, optimizer, max_norm=max_norm, error_if_nonfinite=False)
-            if max_norm > 0
-            else None
-        )
+        grad_norm = self.clip(fabric, model, optimizer, max_norm)
         optimizer.step()
         return grad_norm
+
+    def clip(self, fabric: Fabric, model: Any, optimizer: Any, max_norm: float) -> torch.Tensor | None:
+        """Clip the global gradient norm to `max_norm` (0: no clipping); the norm before clipping."""
+        # error_if_nonfinite would read the norm on the host: a second sync per step. A non-finite
+        # gradient comes from a non-finite loss, which step_decision.decide has already caught.
+        if max_norm <= 0:
+            return None
+        return fabric.clip_gradients(model, optimizer, max_norm=max_norm, error_if_nonfinite=False)
 
     def discard_gradients(self, fabric: Fabric) -> None:
         """Drop what a skipped update leaves behind besides the gradients `zero_grad` clears (usually nothing)."""

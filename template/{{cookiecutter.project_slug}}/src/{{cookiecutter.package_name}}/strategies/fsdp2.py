@@ -180,6 +180,20 @@ class FSDP2(TrainingStrategy):
         ]
         return [sharded, *tensor_parallel, *pipeline]
 
+    def recipe_plan_option(self) -> PlanOption | None:
+        """The recipe's own layout: its tensor-parallel size, pipeline stages and schedule."""
+        import dataclasses
+
+        options, stages, size = self.options, self.pipeline_parallel_size, self.tensor_parallel_size
+        return dataclasses.replace(
+            self.plan_options()[0],
+            name=self.name + (f"_pp{stages}" if stages > 1 else "") + (f"_tp{size}" if size > 1 else ""),
+            tensor_parallel=size,
+            pipeline_parallel=stages,
+            pipeline_schedule=options.pipeline_schedule if stages > 1 else "1F1B",
+            pipeline_stages_per_rank=options.pipeline_stages_per_rank if stages > 1 else 1,
+        )
+
     def plan_runtime_terms(self, option: PlanOption, sizes: PlanSizes) -> list[PlanTerm]:
         # Under bf16-mixed the sharded parameters stay fp32 and fully_shard's MixedPrecisionPolicy gathers them in
         # bf16; a layer's bf16 gradient is cast to fp32 for the reduce-scatter (reduce_dtype), so both are held.

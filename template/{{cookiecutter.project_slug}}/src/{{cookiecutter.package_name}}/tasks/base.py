@@ -249,6 +249,12 @@ class Task:
         """The training and validation samples the recipe's data section describes."""
         raise NotImplementedError
 
+    def example_batch(self, micro_batch_size: int) -> Any:
+        """A micro-batch of the shapes and dtypes training sees, made without the data (`rehearse` runs a step on it
+        under fake tensors); by default the first samples of the training split."""
+        train = self.datasets().train
+        return train.batch(list(range(min(micro_batch_size, len(train)))))
+
     def split_batch(self, batch: Any) -> tuple[Inputs, Any]:
         """(the model's inputs, the targets `loss` compares its outputs with) of a micro-batch. Inputs are a tensor or
         a tuple of tensors passed positionally (`model(*inputs)`); a pipeline hands them to its first stage and the

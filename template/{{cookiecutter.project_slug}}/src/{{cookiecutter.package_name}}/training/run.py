@@ -95,9 +95,12 @@ def check_machine(recipe: Recipe) -> str:
     return accelerator
 
 
-def build_fabric(recipe: Recipe, strategy: TrainingStrategy, loggers: list[Logger]) -> Fabric:
-    """A Fabric object for the recipe on this machine (processes are launched by `start_processes`)."""
-    accelerator = check_machine(recipe)
+def build_fabric(
+    recipe: Recipe, strategy: TrainingStrategy, loggers: list[Logger], accelerator: str | None = None
+) -> Fabric:
+    """A Fabric object for the recipe on this machine (processes are launched by `start_processes`); `accelerator`:
+    this one instead of the machine's, unchecked (a rehearsal runs a GPU recipe on the CPU's fake tensors)."""
+    accelerator = accelerator or check_machine(recipe)
     # Fabric finds the ranks (torchrun's, SLURM's, its own launch), except in a Ray Train worker: there they are
     # taken as Ray gave them, and each logging step is reported to Ray too (cluster/ray_worker.py).
     environment = None

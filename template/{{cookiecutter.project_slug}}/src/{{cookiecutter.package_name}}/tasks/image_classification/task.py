@@ -100,6 +100,14 @@ class ImageClassification(Task):
         train, validation = load_splits(self.recipe.data, self.recipe.model, self.recipe.train.seed)
         return Splits(train, validation)
 
+    def example_batch(self, micro_batch_size: int) -> Any:
+        """Normalised images of the model's size and class labels."""
+        import torch
+
+        model = self.recipe.model
+        images = torch.zeros(micro_batch_size, model.channels, model.image_size, model.image_size)
+        return images, torch.zeros(micro_batch_size, dtype=torch.long)
+
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F
 

@@ -186,6 +186,17 @@ class LanguageModel(Task):
                 raise RecipeError(f"data: the {name} split of data.path={data.path!r} holds no example")
         return splits
 
+    def example_batch(self, micro_batch_size: int) -> Any:
+        """Token ids and next-token targets of `block_size`, with each position's example id when sft packs them."""
+        import torch
+
+        shape, vocab = (micro_batch_size, self.recipe.model.block_size), self.recipe.model.vocab_size
+        tokens, targets = torch.randint(0, vocab, shape), torch.randint(0, vocab, shape)
+        data = self.recipe.data
+        if data.format == "sft" and data.packing:
+            return tokens, targets, torch.zeros(shape, dtype=torch.long)
+        return tokens, targets
+
     def split_batch(self, batch: Any) -> tuple[Inputs, torch.Tensor]:
         """A stream batch is (inputs, targets). An sft batch adds, when packed, each position's example id: the model
         is called with it (`model(inputs, documents)`) and attends within an example."""

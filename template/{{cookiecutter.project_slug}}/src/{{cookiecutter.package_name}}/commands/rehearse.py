@@ -1,0 +1,190 @@
+"""`<project> rehearse RECIPE [--ranks R,...] [--gpu NAME] [--json] [overrides]`: the recipe's run built on this
+machine, rank by rank, as `train` would build it on `num_nodes x devices` ranks, each rank in a process of its own on
+torch's fake process group with fake tensors (training/rehearsal.py), one whole optimizer step each; per rank what it
+holds and sends, beside what `plan` says for the same recipe.
+
+By default the ranks that differ are rehearsed: the first and the last, and the first of each pipeline stage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jsonargparse import ArgumentParser
+
+from ..errors import RecipeError
+from ..recipe.library import find_recipe
+from ..recipe.load import parse_recipe, split_command_line
+from ..recipe.registry import strategy_for
+from ..recipe.schema import Recipe
+from ..tasks import task_for
+from . import first_line
+from .plan import plan_device
+
+if TYPE_CHECKING:
+    from ..planner.plan import Device
+
+HELP = "Build a recipe's run rank by rank on fake tensors, one step each: what each rank holds, beside plan."
+FLAGS = ("--ranks", "--gpu", "--gpu_memory_gib")
+
+
+def add_arguments(parser: ArgumentParser, prog: str) -> None:
+    """`rehearse`'s own options; every recipe field is an override too (`--num_nodes 64`)."""
+    parser.description = (
+        "Build the recipe's run as train would on num_nodes x devices ranks, each rehearsed rank in a process of"
+        " its own on torch's fake process group with fake tensors, run one optimizer step, and print per rank its"
+        " mesh coordinates, parameters, gradients, optimizer state, the step's peak and its collectives, beside"
+        " plan's figures. Every recipe field is an override too."
+    )
+    parser.add_argument("recipe", help="Recipe name or path.")
+    parser.add_argument("--ranks", default=None, help="Ranks to rehearse, e.g. 0,5,-1 (default: the ones that differ).")
+    parser.add_argument("--gpu", default="H100", help="The GPU plan's figures assume (plan --gpu).")
+    parser.add_argument("--gpu_memory_gib", type=float, default=None, help="Memory per device instead of the table's.")
+    parser.add_argument("--json", action="store_true", help="Print the ranks' figures as JSON.")
+
+
+# What the rehearsal cannot build on fake tensors, and what to read instead.
+NOT_REHEARSED = {
+    "deepspeed": "DeepSpeed builds its engine on CUDA devices only; plan's ZeRO figures follow its memory estimator",
+    "fsdp": "Fabric builds FSDP1 on CUDA devices only; rehearse the same layout under strategy.name=fsdp2",
+}
+
+
+def check_rehearsable(recipe: Recipe) -> None:
+    """Refuse, in one line, a recipe whose run cannot be built on the CPU's fake tensors."""
+    strategy = strategy_for(recipe)
+    if recipe.strategy.name in NOT_REHEARSED:
+        raise RecipeError(f"strategy.name={recipe.strategy.name}: not rehearsed: {NOT_REHEARSED[recipe.strategy.name]}")
+    if getattr(strategy, "pipeline_parallel_size", 1) > 1:
+        raise RecipeError(
+            "strategy.fsdp2.pipeline_parallel_size > 1: not rehearsed: torch's pipeline stages learn their neighbours'"
+            " shapes by exchanging them, which the fake process group does not carry"
+        )
+
+
+def default_ranks(recipe: Recipe) -> list[int]:
+    """The first and last rank and the first rank of each pipeline stage (the mesh is (pipeline, data, tensor))."""
+    strategy = strategy_for(recipe)
+    stages = getattr(strategy, "pipeline_parallel_size", 1)
+    per_stage = recipe.world_size // stages
+    return sorted({0, recipe.world_size - 1, *(stage * per_stage for stage in range(stages))})
+
+
+def chosen_ranks(text: str | None, recipe: Recipe) -> list[int]:
+    """`--ranks` read against the run's size (negative: from the end), or the default ranks."""
+    if text is None:
+        return default_ranks(recipe)
+    world = recipe.world_size
+    try:
+        ranks = [int(word) for word in text.split(",") if word.strip()]
+    except ValueError:
+        raise RecipeError(f"--ranks={text}: expected integers separated by commas, e.g. 0,5,-1") from None
+    if not ranks or any(not -world <= rank < world for rank in ranks):
+        raise RecipeError(f"--ranks={text}: each rank must be in [{-world}, {world - 1}] (the run has {world} ranks)")
+    return sorted({rank % world for rank in ranks})
+
+
+def rehearse_ranks(recipe_argv: list[str], ranks: list[int]) -> list[dict[str, Any]]:
+    """Each rank in a process of its own (as many at once as there are cores); their results in rank order."""
+    root = __package__.rsplit(".", 1)[0]
+
+    def one(rank: int, folder: Path) -> dict[str, Any]:
+        out = folder / f"rank-{rank}.json"
+        command = [sys.executable, "-m", f"{root}.training.rehearsal", str(rank), str(out), *recipe_argv]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0 or not out.is_file():
+            lines = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()]
+            raise RecipeError(f"rank {rank}: the rehearsal failed: {lines[-1] if lines else done.returncode}")
+        return json.loads(out.read_text())
+
+    with tempfile.TemporaryDirectory(prefix="rehearsal-") as folder, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        return list(pool.map(lambda rank: one(rank, Path(folder)), ranks))
+
+
+def planned(recipe: Recipe, device: Device) -> dict[str, float] | None:
+    """What plan says one rank of this recipe holds (torch's split of the model states), or None without size
+    formulas or a plan option for the recipe's layout."""
+    from ..planner.hardware import INTERCONNECTS
+    from ..planner.plan import Candidate, estimate, plan_inputs
+    from ..precision import torch_model_states
+
+    strategy = strategy_for(recipe)
+    cost, option = task_for(recipe).model_cost(), strategy.recipe_plan_option()
+    if cost is None or option is None:
+        return None
+    inputs = plan_inputs(recipe, cost, cost.parameters(), device, INTERCONNECTS["infiniband"], 0)
+    result = estimate(Candidate(strategy, option), inputs, recipe.train.micro_batch_size)
+    states = torch_model_states(result.parameters_per_rank, recipe.precision, option.stage, result.data_parallel)
+    checkpointed = recipe.strategy.activation_checkpointing
+    activations = result.activations.checkpointed_peak if checkpointed else result.activations.held
+    return {
+        "parameters_bytes": states.parameters,
+        "gradients_bytes": states.gradients,
+        "optimizer_bytes": states.optimizer,
+        "peak_bytes": states.total + result.runtime_extra + activations,
+    }
+
+
+def render(recipe: Recipe, ranks: list[dict[str, Any]], plan: dict[str, float] | None) -> str:
+    """One block per rank: its mesh, each figure beside plan's, its collectives."""
+    from ..planner.plan import size
+
+    lines = [
+        f"{recipe.num_nodes} node(s) x {recipe.devices} device(s) = {recipe.world_size} ranks, {recipe.precision},"
+        f" {strategy_for(recipe).describe()}; one optimizer step of {recipe.train.grad_accum_steps} micro-batch(es)"
+        f" of {recipe.train.micro_batch_size}, on fake tensors",
+        f"{'bytes':<12}{'measured':>10}{'plan':>10}{'ratio':>8}",
+    ]
+    for rank in ranks:
+        mesh = ", ".join(f"{name} {index}" for name, index in rank["mesh"].items())
+        lines.append(f"rank {rank['rank']} ({mesh})")
+        for key, label in (("parameters", "params"), ("gradients", "grads"), ("optimizer", "optim"), ("peak", "peak")):
+            measured, expected = rank[f"{key}_bytes"], (plan or {}).get(f"{key}_bytes")
+            ratio = f"{measured / expected:.3f}" if expected else "-"
+            planned_text = size(expected) if expected is not None else "-"
+            lines.append(f"  {label:<10}{size(measured):>10}{planned_text:>10}{ratio:>8}")
+        sent = rank["collective_bytes"]
+        collectives = ", ".join(f"{count} {name} ({size(sent[name])})" for name, count in rank["collectives"].items())
+        lines.append(f"  collectives per step: {collectives or 'none'}")
+    if plan is None:
+        lines.append("plan: the task has no size formulas or plan no option for this layout: measured figures only")
+    return "\n".join(lines)
+
+
+def run(argv: list[str], prog: str) -> None:
+    """`rehearse RECIPE [options] [overrides]`: rehearse the ranks, print them beside plan (or as JSON)."""
+    name, own, overrides = split_command_line(argv, FLAGS, ("--json",))
+    parser = ArgumentParser(prog=f"{prog} rehearse", exit_on_error=False)
+    add_arguments(parser, prog)
+    try:
+        options = parser.parse_args([*own] + ([name] if name else []))
+    except Exception as error:  # jsonargparse's ArgumentError spans lines; keep the first
+        raise RecipeError(first_line(error)) from None
+    recipe_argv = ["--config", str(find_recipe(options.recipe)), *overrides]
+    recipe = parse_recipe(recipe_argv, f"{prog} rehearse")
+    from ..planner.plan import size
+
+    check_rehearsable(recipe)
+    ranks = chosen_ranks(options.ranks, recipe)
+    device = plan_device(options, recipe)
+    plan = planned(recipe, device)
+    results = rehearse_ranks(recipe_argv, ranks)
+    if options.json:
+        print(json.dumps({"world_size": recipe.world_size, "plan": plan, "ranks": results}, indent=2))
+    else:
+        print(render(recipe, results, plan))
+    over = [rank for rank in results if rank["peak_bytes"] > device.memory_bytes]
+    if over:
+        worst = max(over, key=lambda rank: rank["peak_bytes"])
+        raise RecipeError(
+            f"rank {worst['rank']} peaks at {size(worst['peak_bytes'])}, above the {device.name}'s"
+            f" {size(device.memory_bytes)} ({len(over)} of the rehearsed ranks are over): the run would run out of"
+            " memory (see plan for a layout that fits; --gpu, --gpu_memory_gib for another device)"
+        )

@@ -1,0 +1,216 @@
+"""One rank of a run, rehearsed in this process: `<project> rehearse` starts one such process per rank it looks at.
+
+The process becomes rank `rank` of the recipe's `num_nodes x devices` ranks on torch's fake process group
+(backend "fake": every collective returns at once, so no other rank need exist), builds the run as `train` does
+(the recipe's strategy: its Fabric strategy, device mesh, model, sharding, optimizer) with every tensor a fake
+tensor (FakeTensorMode: shapes and dtypes, no memory, no arithmetic), and runs one whole optimizer step on an
+example batch of the task: forward and backward, the step decision's all_reduce, clipping and the optimizer's
+first step. It measures what the rank holds (parameters, gradients, optimizer state, in bytes), the peak of the
+step (torch's memory trackers, FSDP-aware where the model is sharded by fully_shard) and the collectives it
+issued, and writes them as JSON.
+
+The accelerator is the CPU whatever the recipe says: the fake tensors carry the recipe's dtypes, so the bytes are
+those of the GPU run; what differs on GPUs (CUDA kernels' workspaces, NCCL's buffers, the caching allocator's
+fragmentation) is not measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ..recipe.load import parse_recipe
+from ..recipe.registry import strategy_for
+from ..tasks import task_for
+from .optim import build_optimizer
+from .run import build_fabric
+from .step_decision import decide
+
+COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+
+
+class Collectives(TorchDispatchMode):
+    """Counts the collectives dispatched through torch's c10d operators (fully_shard, DTensor, Fabric's
+    all_reduce, the pipeline's send and recv) with the bytes of the largest tensor each moves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+        self.bytes: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func.namespace in COLLECTIVE_NAMESPACES and not func.__name__.startswith("wait"):
+            name = func.__name__.split(".")[0].strip("_").removesuffix("_")
+            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+            self.counts[name] += 1
+            self.bytes[name] += max((t.numel() * t.element_size() for t in tensors), default=0)
+        return out
+
+
+class RealWhereReal(TorchDispatchMode):
+    """Under fake tensors, the integer bookkeeping stays real: an operator whose tensors are all real runs for real
+    (the device mesh's rank tables, which torch indexes by their values), and so does a new tensor of integers made
+    from nothing (the pipeline's warm-up vote, read on the host). The model's tensors and every float stay fake."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+        kwargs = kwargs or {}
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if not tensors and isinstance(out, FakeTensor) and not (out.is_floating_point() or out.is_complex()):
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        return out
+
+
+def local_bytes(tensors: Any) -> int:
+    """Bytes of these tensors on this rank (a DTensor's local shard)."""
+    total = 0
+    for tensor in tensors:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        total += local.numel() * local.element_size()
+    return total
+
+
+def mesh_coordinates(fabric: Any, rank: int, world_size: int) -> dict[str, int]:
+    """This rank's place on the run's device mesh, by dimension name; a flat data-parallel index without one."""
+    mesh = getattr(fabric.strategy, "device_mesh", None) if hasattr(fabric.strategy, "_device_mesh") else None
+    if mesh is None:
+        return {"data_parallel": rank}
+    return {name: mesh.get_local_rank(name) for name in mesh.mesh_dim_names or ()}
+
+
+def become_rank(rank: int, recipe: Any) -> None:
+    """Join the fake process group as `rank` of the recipe's ranks, with the environment a launcher would give
+    (Fabric then takes the ranks as given and starts no process)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    devices, world_size = recipe.devices, recipe.world_size
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank % devices),
+        LOCAL_WORLD_SIZE=str(devices),
+        GROUP_RANK=str(rank // devices),
+        NODE_RANK=str(rank // devices),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="1",  # never dialled: the process group exists before Fabric looks for one
+        TORCHELASTIC_RUN_ID="rehearsal",
+    )
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+
+
+def memory_tracker(model: Any, optimizer: Any) -> Any:
+    """torch's FSDP-aware tracker where fully_shard sharded the model as one, its generic one otherwise."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):  # a pipeline rank holds several sharded stages: the generic one tracks them
+        return FSDPMemTracker(model, optimizer)
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    return tracker
+
+
+def count_ddp_buckets(model: Any, collectives: Collectives) -> None:
+    """DDP's reducer all-reduces its gradient buckets through the process group directly, past the operators
+    `Collectives` sees, and expects a tensor back, which the fake group does not give: a communication hook counts
+    each bucket and hands it back as reduced."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    def counted(state, bucket):  # type: ignore[no-untyped-def]  # torch reads the annotations: none, or its class
+        buffer = bucket.buffer()
+        collectives.counts["allreduce"] += 1
+        collectives.bytes["allreduce"] += buffer.numel() * buffer.element_size()
+        done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        done.set_result(buffer)
+        return done
+
+    for module in model.modules():
+        if isinstance(module, DistributedDataParallel):
+            module.register_comm_hook(None, counted)
+
+
+def rehearse_rank(recipe: Any, rank: int) -> dict[str, Any]:
+    """Rank `rank` of the recipe's run built and stepped once on fake tensors; what it held and sent."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    become_rank(rank, recipe)
+    task, strategy = task_for(recipe), strategy_for(recipe)
+    fabric = build_fabric(recipe, strategy, [], accelerator="cpu")
+    fabric.launch()
+    # The fake tensors are made on the CPU, where the run's device is: moving them would swap each parameter with
+    # itself, which torch refuses for tensor subclasses that are weakly referenced (fake tensors are).
+    fabric.strategy.module_to_device = lambda module: None  # type: ignore[method-assign]
+    fabric.seed_everything(recipe.train.seed)
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake, RealWhereReal():
+        model = strategy.build_model(fabric)
+        model, optimizer, _ = strategy.setup(fabric, model, partial(build_optimizer, config=recipe.train))
+        batch = task.example_batch(recipe.train.micro_batch_size)
+    module = getattr(model, "module", model)
+    torch_optimizer = getattr(optimizer, "optimizer", optimizer)
+    parameters = local_bytes(module.parameters())
+    tracker, collectives = memory_tracker(module, torch_optimizer), Collectives()
+    count_ddp_buckets(model, collectives)
+    accumulate = recipe.train.grad_accum_steps
+    with fake, RealWhereReal(), tracker, collectives:
+        for micro_step in range(accumulate):
+            with strategy.no_backward_sync(fabric, model, enabled=micro_step < accumulate - 1):
+                strategy.forward_backward(fabric, model, fabric.to_device(batch), accumulate, lambda loss: loss)
+            tracker.reset_mod_stats()  # per-module figures of one micro-batch; the peak is kept across them
+        gradients = local_bytes(p.grad for p in module.parameters() if p.grad is not None)
+        decide(fabric, torch.zeros(()), recipe.train.on_nonfinite_loss, 0, False)  # its flags stay real
+        strategy.clip(fabric, model, optimizer, max_norm=recipe.train.grad_clip)
+    # The step itself runs outside the tracker: fused AdamW updates in place on a GPU, while its fake kernel
+    # returns new tensors. From the second step on the state lives through forward and backward, so the step's
+    # peak is the tracked one plus the optimizer state.
+    with fake, RealWhereReal(), collectives:
+        optimizer.step()
+        optimizer_state = local_bytes(
+            value for state in torch_optimizer.state.values() for value in state.values() if torch.is_tensor(value)
+            and value.dim() > 0  # not AdamW's step counters (one scalar per tensor)
+        )
+        optimizer.zero_grad(set_to_none=True)
+    peak = tracker.get_tracker_snapshot("peak")
+    counts, sent = dict(collectives.counts), dict(collectives.bytes)
+    return {
+        "rank": rank,
+        "mesh": mesh_coordinates(fabric, rank, recipe.world_size),
+        "parameters_bytes": parameters,
+        "gradients_bytes": gradients,
+        "optimizer_bytes": optimizer_state,
+        "peak_bytes": max(int(device.get("Total", 0)) for device in peak.values()) + optimizer_state,
+        "peak_by_kind": {str(kind): int(size) for device in peak.values() for kind, size in device.items()},
+        "collectives": counts,
+        "collective_bytes": sent,
+    }
+
+
+def main() -> None:
+    """`python -m <package>.training.rehearsal RANK OUT_JSON RECIPE_ARGS...` (started by `rehearse`)."""
+    rank, out = int(sys.argv[1]), Path(sys.argv[2])
+    recipe = parse_recipe(sys.argv[3:], "rehearse")
+    result = rehearse_rank(recipe, rank)
+    out.write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
