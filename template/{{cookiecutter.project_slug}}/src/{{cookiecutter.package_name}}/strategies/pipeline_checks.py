@@ -29,8 +29,6 @@ def check_pipeline(strategy: Any) -> None:
     recipe, options = strategy.recipe, strategy.options
     size, tensor_parallel = options.pipeline_parallel_size, options.tensor_parallel_size
     field = "strategy.fsdp2"
-    if size < 1:
-        raise RecipeError(f"{field}.pipeline_parallel_size={size} must be >= 1")
     if recipe.world_size % (size * tensor_parallel):
         raise RecipeError(
             f"{field}.pipeline_parallel_size={size} x tensor_parallel_size={tensor_parallel} does not divide"

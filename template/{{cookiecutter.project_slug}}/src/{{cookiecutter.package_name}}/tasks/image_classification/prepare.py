@@ -57,8 +57,6 @@ DIGITS_SPLIT_SEED = 0  # fixed: train.seed must not move images between the spli
 
 def check_data(data: ImageDataConfig, model: ViTConfig) -> None:
     """Refuse data settings the model cannot train on, without reading the data."""
-    if not 0 < data.val_fraction < 1:
-        raise RecipeError(f"data.val_fraction={data.val_fraction} must be in (0, 1)")
     if not 0 <= data.crop_padding < model.image_size:
         raise RecipeError(f"data.crop_padding={data.crop_padding} must be in [0, model.image_size)")
     if data.source == "prepared" and not data.path:

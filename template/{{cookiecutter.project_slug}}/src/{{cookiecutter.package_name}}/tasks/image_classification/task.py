@@ -49,21 +49,12 @@ class ImageClassification(Task):
 
     def check(self) -> None:
         model, data = self.recipe.model, self.recipe.data
-        for key in ("image_size", "patch_size", "channels", "n_layer", "n_head", "n_embd", "mlp_ratio"):
-            if (value := getattr(model, key)) < 1:
-                raise RecipeError(f"model.{key}={value} must be >= 1")
-        if model.num_classes < 2:
-            raise RecipeError(f"model.num_classes={model.num_classes} must be >= 2")
         if model.image_size % model.patch_size:
             raise RecipeError(
                 f"model.patch_size={model.patch_size} does not divide model.image_size={model.image_size}"
             )
         if model.n_embd % model.n_head:
             raise RecipeError(f"model.n_head={model.n_head} does not divide model.n_embd={model.n_embd}")
-        if not 0 <= model.dropout < 1:
-            raise RecipeError(f"model.dropout={model.dropout} must be in [0, 1)")
-        if not model.norm_eps > 0:
-            raise RecipeError(f"model.norm_eps={model.norm_eps} must be > 0")
         check_data(data, model)
 
     def tensor_parallel_dimensions(self) -> dict[str, int]:
