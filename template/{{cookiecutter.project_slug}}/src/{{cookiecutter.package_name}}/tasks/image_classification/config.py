@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ...recipe.bounds import bounds
-from ...recipe.schema import Recipe
+from ...recipe.schema import Recipe, field_path
 
 
 @dataclass
@@ -95,3 +95,7 @@ class ImageClassificationRecipe(Recipe):
 
     model: ViTConfig = field(default_factory=ViTConfig)
     data: ImageDataConfig = field(default_factory=ImageDataConfig)
+
+
+# How messages about the prepared folder name its field.
+DATA_PATH = field_path(ImageDataConfig, "path")

@@ -40,7 +40,7 @@ from ...cluster.lifecycle import end_with_parent
 from ...data.shards import Listed, ShardWriter, check_files, load_manifest, write_manifest
 from ...errors import RecipeError
 from ...progress import Meter
-from .config import ImageDataConfig, ViTConfig
+from .config import DATA_PATH, ImageDataConfig, ViTConfig
 
 FORMAT = 1
 KIND = "images"  # a token folder of the language model has a manifest too
@@ -240,13 +240,13 @@ def prepare_images(
 # --- reading ----------------------------------------------------------------------------------------------
 
 
-def read_manifest(folder: Path, field: str = "data.path") -> dict[str, Any]:
+def read_manifest(folder: Path, field: str = DATA_PATH) -> dict[str, Any]:
     """The manifest of a complete prepared image folder; refuses a missing, unfinished or foreign one."""
     hint = f"prepare IMAGE_FOLDER --out {folder}"
     return load_manifest(folder, field, hint, FORMAT, (KIND, "a prepared image folder"))
 
 
-def verify(folder: Path, manifest: dict[str, Any], checksums: bool = False, field: str = "data.path") -> None:
+def verify(folder: Path, manifest: dict[str, Any], checksums: bool = False, field: str = DATA_PATH) -> None:
     """Refuse a folder whose files do not match its manifest: missing, another size, or (checksums) other bytes."""
     image_bytes = manifest["image_size"] ** 2 * manifest["channels"]
     files = []
@@ -267,7 +267,7 @@ def describe_folder(folder: Path) -> str:
     )
 
 
-def check_fits(manifest: dict[str, Any], model: ViTConfig, folder: Path, field: str = "data.path") -> None:
+def check_fits(manifest: dict[str, Any], model: ViTConfig, folder: Path, field: str = DATA_PATH) -> None:
     """Refuse a prepared folder whose images or classes the model cannot take."""
     where = f"{field}={str(folder)!r}"
     for key in ("image_size", "channels"):

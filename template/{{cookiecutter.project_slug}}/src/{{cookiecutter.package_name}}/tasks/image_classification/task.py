@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...errors import RecipeError
+from ...recipe.schema import field_path
 from ..base import ModelCost, Splits, Task
-from .config import ImageClassificationRecipe
+from .config import DATA_PATH, ImageClassificationRecipe, ImageDataConfig, ViTConfig
 from .prepare import check_data, describe_prepared  # numpy, no torch
 
 if TYPE_CHECKING:
@@ -58,7 +59,8 @@ class ImageClassification(Task):
         check_data(data, model)
 
     def tensor_parallel_dimensions(self) -> dict[str, int]:
-        return {f"model.{key}": size for key, size in self.recipe.model.tensor_parallel_dimensions().items()}
+        model = self.recipe.model
+        return {field_path(model, key): size for key, size in model.tensor_parallel_dimensions().items()}
 
     def model_cost(self) -> ModelCost:
         from .sizing import ViTShape
@@ -69,8 +71,8 @@ class ImageClassification(Task):
         from .sizing import reference_model
 
         # A reference ViT takes 224x224 RGB images: planned as trained on a prepared folder (plan reads no data).
-        fields = {f"model.{key}": value for key, value in reference_model(parameters).items()}
-        return {**fields, "data.source": "prepared", "data.path": "data/prepared"}
+        fields = {field_path(ViTConfig, key): value for key, value in reference_model(parameters).items()}
+        return {**fields, field_path(ImageDataConfig, "source"): "prepared", DATA_PATH: "data/prepared"}
 
     def describe(self) -> str | None:
         if self.recipe.data.source != "prepared":

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ...recipe.bounds import bounds
-from ...recipe.schema import EvalConfig, Recipe
+from ...recipe.schema import EvalConfig, Recipe, field_path
 
 
 @dataclass
@@ -199,3 +199,7 @@ class LanguageModelRecipe(Recipe):
     data: DataConfig = field(default_factory=DataConfig)
     eval: LanguageModelEvalConfig = field(default_factory=LanguageModelEvalConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+# How messages about the data folder name its field.
+DATA_PATH = field_path(DataConfig, "path")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...errors import RecipeError
+from ...recipe.schema import field_path
 from ..base import Benchmarks, Inputs, ModelCost, Splits, Task
 from .config import (
     ARCH_ONLY_FIELDS,
@@ -51,10 +52,10 @@ class LanguageModel(Task):
         # The eval.tasks of training are not the checkpoint's: reading it needs neither lm-eval nor their folder.
         # The weights init_from named are in a checkpoint now; the folder they came from may be gone. Not so under
         # LoRA: the checkpoint holds the adapters, init_from the base they adapt.
-        overrides = ["--eval.tasks", "[]"]
+        overrides = [f"--{field_path(LanguageModelEvalConfig, 'tasks')}", "[]"]
         if (saved.get("lora") or {}).get("rank") and (saved.get("model") or {}).get("init_from"):
             return overrides
-        return ["--model.init_from", "null", *overrides]
+        return [f"--{field_path(ModelConfig, 'init_from')}", "null", *overrides]
 
     @classmethod
     def verify_prepared(cls, folder: Path) -> str:
@@ -86,7 +87,8 @@ class LanguageModel(Task):
         check_lora(self.recipe)
 
     def tensor_parallel_dimensions(self) -> dict[str, int]:
-        return {f"model.{key}": size for key, size in self.recipe.model.tensor_parallel_dimensions().items()}
+        model = self.recipe.model
+        return {field_path(model, key): size for key, size in model.tensor_parallel_dimensions().items()}
 
     def adapters(self) -> str | None:
         return f"lora.rank={self.recipe.lora.rank}" if self.recipe.lora.rank else None
@@ -109,7 +111,7 @@ class LanguageModel(Task):
     def reference_model(self, parameters: float) -> dict[str, Any]:
         from .sizing import reference_model
 
-        return {f"model.{key}": value for key, value in reference_model(parameters).items()}
+        return {field_path(ModelConfig, key): value for key, value in reference_model(parameters).items()}
 
     def describe(self) -> str | None:
         if self.recipe.data.source != "prepared":
