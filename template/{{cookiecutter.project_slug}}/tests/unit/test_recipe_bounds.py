@@ -5,6 +5,7 @@ field where the recipe holds it."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import types
 import typing
@@ -136,3 +137,13 @@ def test_a_value_outside_its_choices_is_refused_by_the_same_walk() -> None:
     refusal = r"^train\.schedule: 'linear' is not allowed \(choose one of 'cosine', 'wsd'\)$"
     with pytest.raises(RecipeError, match=refusal):
         check_values(recipe)
+
+
+def test_the_recipe_reference_shows_each_fields_bounds() -> None:
+    hook = importlib.util.spec_from_file_location("reference", PROJECT / "docs" / "hooks" / "reference.py")
+    assert hook is not None and hook.loader is not None
+    reference = importlib.util.module_from_spec(hook)
+    hook.loader.exec_module(reference)
+    page = reference.recipe_page()
+    assert "**`train.max_steps`** (`int`, default `100`, at least 1, at most 1,000,000,000,000)" in page
+    assert "**`train.beta1`** (`float`, default `0.9`, in [0, 1))" in page

@@ -1,8 +1,10 @@
 """The schema of a recipe: typed dataclasses that YAML files and command-line overrides both fill.
 
-Every knob of the machinery is a field here; a task adds its own `model:` and `data:` sections
-(tasks/<task>/config.py, a subclass of `Recipe`). `recipe/load.py` reads a recipe into the task's
-`Recipe` and `recipe/checks.py` refuses values and combinations that cannot run. No torch import.
+Every knob of the machinery is a field here, its choices a `Literal` and its range `bounds` beside its default
+(recipe/bounds.py); a task adds its own `model:` and `data:` sections (tasks/<task>/config.py, a subclass of
+`Recipe`). `recipe/load.py` reads a recipe into the task's `Recipe`, recipe/typecheck.py refuses a value outside
+its field's choices or bounds and `recipe/checks.py` combinations that cannot run. Code elsewhere names a field
+through `field_path`, never by spelling its path. No torch import.
 """
 
 from __future__ import annotations
