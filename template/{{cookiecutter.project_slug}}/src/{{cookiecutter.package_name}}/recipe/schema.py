@@ -353,10 +353,18 @@ def field_path(section: Any, name: str) -> str:
     cls = section if isinstance(section, type) else type(section)
     if not dataclasses.is_dataclass(cls) or name not in {f.name for f in dataclasses.fields(cls)}:
         raise LookupError(f"{cls.__name__} has no recipe field {name!r}")
+    prefix = section_path(cls)
+    return f"{prefix}.{name}" if prefix else name
+
+
+def section_path(section: Any) -> str:
+    """Where a recipe section (a dataclass of the schema, or an instance of one) sits in a recipe: "strategy.fsdp2";
+    "" for a Recipe. Raises LookupError when it sits at no place, or at more than one, in the recipes."""
+    cls = section if isinstance(section, type) else type(section)
     places = {prefix for recipe in _recipe_types() for found, prefix in _sections(recipe, "") if found is cls}
     if len(places) != 1:
         raise LookupError(f"{cls.__name__} sits at {len(places)} places in the recipes ({sorted(places)}), not one")
-    return places.pop() + name
+    return places.pop().removesuffix(".")
 
 
 def _recipe_types() -> Iterator[type]:

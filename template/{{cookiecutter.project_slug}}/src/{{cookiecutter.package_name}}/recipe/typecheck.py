@@ -27,6 +27,7 @@ import yaml
 
 from ..errors import RecipeError
 from .bounds import bounds_of
+from .schema import section_path
 
 # The words of a recipe's command line that jsonargparse handles itself; `--print_config` may take a value.
 FILE_OPTION = "--config"
@@ -67,10 +68,12 @@ def check_overrides(argv: list[str], recipe_type: type) -> None:
             _check_override(flag, given, recipe_type)
 
 
-def check_values(recipe: Any) -> None:
-    """Every value of a parsed recipe (a Recipe instance, defaults included) is one of its field's choices and
-    within its field's bounds; raises RecipeError naming the first that is not (`train.max_steps=0 must be >= 1`)."""
-    _check_instance(recipe, [])
+def check_values(section: Any) -> None:
+    """Every value of a parsed recipe (a Recipe instance, defaults included), or of one section of it, is one of its
+    field's choices and within its field's bounds; raises RecipeError naming the first that is not by its path in
+    the recipe (`train.max_steps=0 must be >= 1`)."""
+    prefix = section_path(section)
+    _check_instance(section, prefix.split(".") if prefix else [])
 
 
 def load_value(text: str) -> Any:

@@ -40,6 +40,7 @@ from ...cluster.lifecycle import end_with_parent
 from ...data.shards import Listed, ShardWriter, check_files, load_manifest, write_manifest
 from ...errors import RecipeError
 from ...progress import Meter
+from ...recipe.typecheck import check_values
 from .config import DATA_PATH, ImageDataConfig, ViTConfig
 
 FORMAT = 1
@@ -57,6 +58,7 @@ DIGITS_SPLIT_SEED = 0  # fixed: train.seed must not move images between the spli
 
 def check_data(data: ImageDataConfig, model: ViTConfig) -> None:
     """Refuse data settings the model cannot train on, without reading the data."""
+    check_values(data)  # its bounds, also where data is loaded without a parsed recipe
     if not 0 <= data.crop_padding < model.image_size:
         raise RecipeError(f"data.crop_padding={data.crop_padding} must be in [0, model.image_size)")
     if data.source == "prepared" and not data.path:
