@@ -89,6 +89,7 @@ class Inputs:
     """What the plan is asked about: a model, a layout, a device and its links."""
 
     cost: ModelCost  # the task's size formulas for its model
+    task: str  # the recipe's task: a written plan starts from a library recipe of that task only
     parameters: int
     precision: str
     devices: int
@@ -156,6 +157,7 @@ def plan_inputs(
     """The plan's inputs from a resolved `Recipe` (layout, precision, batch), its task's `ModelCost` and the hardware."""
     return Inputs(
         cost=cost,
+        task=recipe.task,
         parameters=parameters,
         precision=recipe.precision,
         devices=recipe.devices,
