@@ -71,25 +71,31 @@ TINY = [
 {%- endif %}
 UNIT = "{% if cookiecutter.task == "language_model" %}token{% else %}image{% endif %}"  # what throughput counts
 
-# What every run logs with any logger (CPU runs: no GPU memory figures).
-LOGGED_METRICS = {
-    "train/loss",
-    "train/lr",
-    "train/grad_norm",
-    f"throughput/{UNIT}s_per_second",
-    f"throughput/{UNIT}s_per_second_per_device",
-    "throughput/samples_per_second",
-    "throughput/samples_per_second_per_device",
-    f"throughput/flops_per_{UNIT}",
-    "throughput/tflops_per_second_per_device",
-    "throughput/mfu",
-    "memory/host_peak_rss_gib",
-    "time/data_wait_seconds",
-    "time/data_wait_fraction",
-    "time/checkpoint_save_seconds",
-    "val/loss",
-    "val/{% if cookiecutter.task == "language_model" %}perplexity{% else %}accuracy{% endif %}",
-}
+
+def logged_metrics(unit: str) -> set[str]:
+    """What every run of a task that counts `unit` logs with any logger, beside its own validation metrics (CPU runs:
+    no GPU memory figures)."""
+    return {
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        f"throughput/{unit}s_per_second",
+        f"throughput/{unit}s_per_second_per_device",
+        "throughput/samples_per_second",
+        "throughput/samples_per_second_per_device",
+        f"throughput/flops_per_{unit}",
+        "throughput/tflops_per_second_per_device",
+        "throughput/mfu",
+        "memory/host_peak_rss_gib",
+        "time/data_wait_seconds",
+        "time/data_wait_fraction",
+        "time/checkpoint_save_seconds",
+        "val/loss",
+    }
+
+
+# What every run of the project's task logs with any logger.
+LOGGED_METRICS = logged_metrics(UNIT) | {"val/{% if cookiecutter.task == "language_model" %}perplexity{% else %}accuracy{% endif %}"}
 
 
 def cli_env(source: Path | None = None) -> dict[str, str]:

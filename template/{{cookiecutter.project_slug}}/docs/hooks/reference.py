@@ -1,7 +1,7 @@
 """MkDocs hook: the reference pages, written from the code each time the site is built.
 
 reference/recipe.md: every field of every section of a recipe of the project's task (its `Recipe` subclass),
-with its type, default and meaning (the `Args:` of each dataclass's docstring). reference/commands.md: every
+with its type, default, bounds and meaning (the `Args:` of each dataclass's docstring). reference/commands.md: every
 command of the command table and each of its subcommands, with the help `--help` prints. Nothing is written
 into docs/: the pages exist only in the build, so they cannot go stale.
 """
@@ -70,7 +70,7 @@ def section(cls: type, prefix: str, title: str) -> list[str]:
         if inner is not None:
             nested.append((inner, path))
         meaning = described.get(field.name) or (first_paragraph(inner) if inner is not None else "")
-        entry = f"- **`{path}`** (`{type_name(kind)}`, default `{default_of(field)}`)"
+        entry = f"- **`{path}`** (`{type_name(kind)}`, default `{default_of(field)}`{bounds_of(field)})"
         lines.append(f"{entry}: {markdown(meaning)}" if meaning else entry)
     lines.append("")
     for inner, path in nested:
@@ -151,6 +151,12 @@ def default_of(field: dataclasses.Field) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     return str(value) if not isinstance(value, str) else f'"{value}"'
+
+
+def bounds_of(field: dataclasses.Field) -> str:
+    """The range the field declares (recipe/bounds.py), after a comma: `, at least 1`; empty when it declares none."""
+    declared = import_module(f"{PACKAGE}.recipe.bounds").bounds_of(field)
+    return f", {declared.words()}" if declared is not None else ""
 
 
 def markdown(text: str) -> str:

@@ -1,2 +1,3 @@
 """The toy task, a package as a task of the project is: task.py (what the machinery reads, torch-free to import),
-model.py (the model and the samples), sizing.py (what `plan` reads)."""
+config.py (the recipe's sections, torch-free to parse), model.py (the model and the samples), sizing.py (what
+`plan` reads)."""

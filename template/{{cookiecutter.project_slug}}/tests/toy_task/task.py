@@ -7,44 +7,19 @@ torch only where it builds or runs something, so a recipe of it is checked witho
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.tasks import Splits, Task
 from {{ cookiecutter.package_name }}.tasks.base import ModelCost
+
+from .config import MlpConfig, VectorData, VectorRecipe
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
     from torchmetrics import Metric
 
-
-@dataclass
-class MlpConfig:
-    """A residual MLP: an input layer, `depth` blocks of width `width`, a linear head."""
-
-    inputs: int = 8
-    outputs: int = 4
-    width: int = 32
-    depth: int = 3
-
-
-@dataclass
-class VectorData:
-    """Random vectors x and targets y = W x + noise, W fixed by `seed`."""
-
-    samples: int = 512
-    noise: float = 0.01
-    seed: int = 0
-
-
-@dataclass
-class VectorRecipe(Recipe):
-    """A recipe of `task: vector_regression`."""
-
-    model: MlpConfig = field(default_factory=MlpConfig)
-    data: VectorData = field(default_factory=VectorData)
+__all__ = ["MlpConfig", "VectorData", "VectorRecipe", "VectorRegression"]  # the recipe's sections too
 
 
 class VectorRegression(Task):

@@ -1,17 +1,21 @@
 """The package's shape: imports run down its layers, only strategies/ knows strategies and no library recipe, only
-tasks/ knows the workload, the layout drawings (the README's and docs/layout.md's) list every top-level module,
-modules stay small."""
+tasks/ knows the workload, only the schema spells a recipe field's path, the layout drawings (the README's and
+docs/layout.md's) list every top-level module, modules stay small."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
+import types
+import typing
 from pathlib import Path
 
 import torch
 from helpers import PACKAGE, PROJECT
 
 from {{ cookiecutter.package_name }}.strategies import REGISTRY
+from {{ cookiecutter.package_name }}.tasks import task_class
 
 SOURCE = PROJECT / "src" / PACKAGE
 FABRIC_STRATEGY_CLASSES = {"DDPStrategy", "FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy", "ModelParallel"}
@@ -162,6 +166,60 @@ def test_only_strategies_and_the_schema_name_a_strategy_or_a_fabric_strategy_cla
             if identifier in FABRIC_STRATEGY_CLASSES:
                 offenders.append(f"{path.relative_to(SOURCE)}:{getattr(node, 'lineno', '?')} {identifier}")
     assert not offenders, "a strategy is decided outside strategies/: " + ", ".join(offenders)
+
+
+def field_paths(cls: type, prefix: str = "") -> set[str]:
+    """The dotted path of every field of a recipe dataclass, its sections (optional ones too) walked."""
+    paths = set()
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        paths.add(prefix + field.name)
+        kind = hints[field.name]
+        members = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+        for member in members:
+            if isinstance(member, type) and dataclasses.is_dataclass(member):
+                paths |= field_paths(member, f"{prefix}{field.name}.")
+    return paths
+
+
+def recipe_field_paths() -> set[str]:
+    """The paths of the Recipe of every task under tasks/ that name a field of a section ("train.max_steps").
+
+    A top-level field ("devices", "task") is a plain word that the package uses in other senses too: left out."""
+    tasks = [path.parent.name for path in sorted((SOURCE / "tasks").glob("*/task.py"))]
+    assert tasks, "no task under tasks/"
+    return {path for task in tasks for path in field_paths(task_class(task).recipe_type) if "." in path}
+
+
+def spelt_field_paths(path: Path, paths: set[str]) -> list[tuple[int, str]]:
+    """(line, string) of every string constant of a file that is a recipe field path or its override (`--path`)."""
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.removeprefix("--") in paths
+    ]
+
+
+def test_only_the_schema_spells_a_recipe_field_path() -> None:
+    # The schema and each task's config.py declare the fields; everywhere else asks recipe.schema.field_path, so a
+    # renamed field or section fails where it is used instead of leaving a message or an override that names nothing.
+    allowed = {SOURCE / "recipe" / "schema.py", *(SOURCE / "tasks").glob("*/config.py")}
+    paths = recipe_field_paths()
+    offenders = [
+        f"{path.relative_to(SOURCE)}:{line} {value!r}"
+        for path in sorted(set(SOURCE.rglob("*.py")) - allowed)
+        for line, value in spelt_field_paths(path, paths)
+    ]
+    assert not offenders, "recipe field paths spelt outside the schema (use field_path): " + ", ".join(offenders)
+
+
+def test_the_field_path_check_finds_a_path_and_an_override_but_not_prose(tmp_path: Path) -> None:
+    sample = tmp_path / "module.py"
+    sample.write_text(
+        'field = "train.max_steps"\nargv = ["--train.max_steps", "5"]\n'
+        'message = "train.max_steps must be >= 1"\nweights = "model.safetensors"\n'
+    )
+    assert spelt_field_paths(sample, recipe_field_paths()) == [(1, "train.max_steps"), (2, "--train.max_steps")]
 
 
 def identifiers(path: Path) -> list[tuple[int, str]]:

@@ -1,4 +1,8 @@
-"""What a run reports: the MFU arithmetic, the GPU peak table, FLOPs per token, progress output, loggers."""
+"""What a run reports: the MFU arithmetic, the GPU peak table, FLOPs per sample, progress output, loggers.
+
+The machinery's own test: its runs are of the toy task (tests/toy_task/), so it runs in every project; the project
+task's FLOPs per unit are tested in tests/tasks/<task>/.
+"""
 
 from __future__ import annotations
 
@@ -11,19 +15,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import LOGGED_METRICS
+from helpers import logged_metrics
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from toy_task.config import MlpConfig, VectorRecipe
+from toy_task.model import Mlp
+from toy_task.sizing import MlpShape
+from toy_task.task import VectorRegression
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.planner.hardware import gpu_model, peak_tflops
 from {{ cookiecutter.package_name }}.recipe.schema import LoggerConfig, TrainConfig
-from {{ cookiecutter.package_name }}.tasks import task_for
-from {{ cookiecutter.package_name }}.tasks.language_model.config import LanguageModelRecipe as Recipe
-from {{ cookiecutter.package_name }}.tasks.language_model.config import ModelConfig
-from {{ cookiecutter.package_name }}.tasks.language_model.families import training_flops_per_token
-from {{ cookiecutter.package_name }}.tasks.language_model.families.gpt.model import GPT
+from {{ cookiecutter.package_name }}.tasks import task_class, task_names
 from {{ cookiecutter.package_name }}.training.monitor import (
     Monitor,
     Progress,
@@ -122,41 +126,48 @@ def test_a_gpu_missing_from_the_table_falls_back_to_lightnings_rows_that_are_rig
     assert peak_tflops("NVIDIA RTX A1000", "bf16-mixed") is None
 
 
-def test_flops_per_token_are_six_per_matmul_parameter_plus_attention() -> None:
-    config = ModelConfig(n_layer=2, n_head=2, n_embd=64, block_size=32)
+def test_the_toy_tasks_flops_per_vector_are_six_per_matmul_parameter() -> None:
+    """The FLOPs the monitor's MFU of a toy run divides by: 2 per multiply-add forward, 4 backward."""
+    config = MlpConfig(width=16, depth=2)
     with torch.device("meta"):
-        matmul_parameters = sum(
-            p.numel() for name, p in GPT(config).named_parameters() if p.dim() == 2 and "embedding" not in name
-        )
-    attention = 12 * config.n_layer * config.n_embd * config.block_size
-    assert training_flops_per_token(config) == 6 * matmul_parameters + attention
+        matmul_parameters = sum(p.numel() for p in Mlp(config).parameters() if p.dim() == 2)
+    assert MlpShape(config).training_flops_per_sample() == 6 * matmul_parameters
 
 
-def tiny_recipe(tmp_path: Path, **logger: object) -> Recipe:
-    return Recipe(
+def tiny_recipe(tmp_path: Path, **logger: object) -> VectorRecipe:
+    return VectorRecipe(
+        task=VectorRegression.name,
         accelerator="cpu",
         devices=1,
         out_dir=str(tmp_path),
-        model=ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16),
+        model=MlpConfig(),
         train=TrainConfig(max_steps=100, micro_batch_size=4),
         logger=dataclasses.replace(LoggerConfig(), log_every_steps=10, **logger),
     )
 
 
-def token_monitor(fabric: Fabric, recipe: Recipe, flops_per_token: float) -> Monitor:
-    """The monitor of a language-model run of `recipe` (4 sequences of model.block_size tokens a step)."""
+def monitor_of(
+    fabric: Fabric,
+    flops_per_unit: float,
+    tmp_path: Path,
+    unit: str = "vector",
+    units_per_sample: int = 1,
+    **logger: object,
+) -> Monitor:
+    """The monitor of a run of the toy recipe, 4 samples a step; `unit`, `units_per_sample`: what the task counts."""
+    recipe = tiny_recipe(tmp_path, **logger)
     return Monitor(
-        fabric, recipe, 0, samples_per_step=4, unit="token", units_per_sample=recipe.model.block_size,
-        flops_per_unit=flops_per_token,
+        fabric, recipe, 0, samples_per_step=4, unit=unit, units_per_sample=units_per_sample,
+        flops_per_unit=flops_per_unit,
     )  # fmt: skip
 
 
 def test_monitor_throughput_gives_the_expected_mfu_from_known_flops_time_and_peak(tmp_path: Path) -> None:
-    recipe = tiny_recipe(tmp_path, peak_tflops=2.0)
+    # A task whose sample is a sequence of 16 tokens, so that units and samples differ.
     fabric = Fabric(accelerator="cpu", devices=1)
-    monitor = token_monitor(fabric, recipe, flops_per_token=1_000_000)
+    monitor = monitor_of(fabric, 1_000_000, tmp_path, unit="token", units_per_sample=16, peak_tflops=2.0)
     metrics = monitor.throughput(steps=10, seconds=2.0)
-    tokens_per_second = 10 * 4 * 16 / 2.0  # steps * samples * block_size / seconds
+    tokens_per_second = 10 * 4 * 16 / 2.0  # steps * samples * tokens per sample / seconds
     assert metrics["throughput/tokens_per_second"] == tokens_per_second
     assert metrics["throughput/samples_per_second"] == 20.0
     assert metrics["throughput/tflops_per_second_per_device"] == pytest.approx(tokens_per_second * 1e6 / 1e12)
@@ -164,7 +175,7 @@ def test_monitor_throughput_gives_the_expected_mfu_from_known_flops_time_and_pea
 
 
 def test_without_a_known_peak_tflops_are_logged_but_no_mfu(tmp_path: Path) -> None:
-    monitor = token_monitor(Fabric(accelerator="cpu", devices=1), tiny_recipe(tmp_path), 1_000_000)
+    monitor = monitor_of(Fabric(accelerator="cpu", devices=1), 1_000_000, tmp_path)
     metrics = monitor.throughput(steps=10, seconds=2.0)
     assert "throughput/tflops_per_second_per_device" in metrics and "throughput/mfu" not in metrics
 
@@ -175,7 +186,7 @@ def test_a_skipped_update_is_counted_under_one_name_and_said(
     fabric = Fabric(accelerator="cpu", devices=1)
     logged = []
     monkeypatch.setattr(fabric, "log_dict", lambda metrics, step: logged.append((metrics, step)))
-    monitor = token_monitor(fabric, tiny_recipe(tmp_path), 1_000_000)
+    monitor = monitor_of(fabric, 1_000_000, tmp_path)
     monitor.log_skipped_update(step=6, skipped_updates=3)
     assert logged == [({"train/skipped_updates": 3.0}, 6)]
     assert "Skipped the update of step 6: loss is NaN or infinite on some rank" in capsys.readouterr().out
@@ -221,13 +232,12 @@ def test_only_rank_zero_shows_progress() -> None:
 
 
 def test_csv_and_tensorboard_receive_the_same_metrics(tmp_path: Path) -> None:
-    recipe = tiny_recipe(tmp_path, peak_tflops=1.0)
     csv_logger, tensorboard = CSVLogger(tmp_path / "csv"), TensorBoardLogger(tmp_path / "tb")
     fabric = Fabric(accelerator="cpu", devices=1, loggers=[csv_logger, tensorboard])
-    monitor = token_monitor(fabric, recipe, flops_per_token=1000)
+    monitor = monitor_of(fabric, 1000, tmp_path, peak_tflops=1.0)
     for step in range(1, 21):
         monitor.step_end(step, torch.tensor(2.0), torch.tensor(0.5), 1e-3, units_seen=step * 64, epoch=0)
-    monitor.log_validation(20, task_for(recipe).validation_results({"loss": 1.5}), seconds=0.1)
+    monitor.log_validation(20, VectorRegression(tiny_recipe(tmp_path)).validation_results({"loss": 1.5}), seconds=0.1)
     monitor.log_checkpoint(20, tmp_path / "step-20", seconds=0.2)
     monitor.close()
     csv_logger.finalize("success")
@@ -238,7 +248,7 @@ def test_csv_and_tensorboard_receive_the_same_metrics(tmp_path: Path) -> None:
     events = EventAccumulator(str(tensorboard.log_dir))
     events.Reload()
     assert set(events.Tags()["scalars"]) == csv_keys
-    assert csv_keys >= LOGGED_METRICS
+    assert csv_keys >= logged_metrics(VectorRegression.unit)
 
 
 def test_wandb_is_offline_without_credentials_and_online_with_a_key(
@@ -292,7 +302,8 @@ def test_a_missing_logger_package_is_refused_naming_the_install_that_brings_it(
         assert re.search(rf'^{name} = \["{name}>=', extras, re.MULTILINE)
 
 
-def test_credentials_are_never_recipe_fields() -> None:
+@pytest.mark.parametrize("task", task_names())
+def test_credentials_are_never_recipe_fields(task: str) -> None:
     """Keys come from the environment or `wandb login`, so no logged config or checkpoint can hold one."""
     secret = re.compile(r"(^|_)(api_?key|key|token|secret|password|credentials?)$")
 
@@ -304,6 +315,6 @@ def test_credentials_are_never_recipe_fields() -> None:
                 found += names(field.default_factory, f"{prefix}{field.name}.")
         return found
 
-    fields = names(Recipe)
+    fields = names(task_class(task).recipe_type)
     assert "logger.project" in fields
     assert not [name for name in fields if secret.search(name.rsplit(".", 1)[-1])]

@@ -24,7 +24,7 @@ import yaml
 
 from ..errors import RecipeError
 from ..project import PROJECT
-from ..recipe.schema import Recipe
+from ..recipe.schema import CheckpointConfig, Recipe, field_path
 from .jobs import gpus_per_node, shown
 from .launchers import PACKAGE, torchrun_command
 
@@ -119,7 +119,7 @@ def job_manifest(
     """The job of `kind` (pytorchjob or rayjob) that trains `recipe_path`; refuses what it cannot express."""
     check_job(kind, recipe, image, pvc, {"job_name": job_name, "wandb_secret": wandb_secret}, backoff_limit)
     assert image is not None and pvc is not None  # checked above
-    arguments = ["--config", recipe_path, *(overrides or []), "--checkpoint.resume", "auto"]
+    arguments = ["--config", recipe_path, *(overrides or []), f"--{field_path(CheckpointConfig, 'resume')}", "auto"]
     check_words(arguments)
     gpus = gpus_per_node(recipe)
     metadata = {"name": job_name}

@@ -15,12 +15,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import RecipeError
+from ..recipe.schema import Recipe, StrategyConfig, field_path
 from .lifecycle import mark_launcher
 
 if TYPE_CHECKING:  # this module is imported by commands that only write job files: no torch at the top
     from lightning.fabric import Fabric
-
-    from ..recipe.schema import Recipe
 
 PACKAGE = __name__.partition(".")[0]  # this package's name: launchers run it with -m
 
@@ -141,7 +140,7 @@ def _check_fabric_run(recipe: Recipe, accelerator: str) -> None:
         given = os.environ.get(f"LT_{flag.upper()}")
         if given is not None and _normalized(flag, given) != wanted[flag]:
             option = flag.replace("_", "-")
-            key = "strategy.name" if flag == "strategy" else flag
+            key = field_path(StrategyConfig, "name") if flag == "strategy" else flag
             raise RecipeError(
                 f"fabric run --{option}={given} conflicts with the recipe's {key}={wanted[flag]} (the recipe"
                 f" decides: pass --{option} {wanted[flag]} to fabric run, or omit it, or change the recipe)"

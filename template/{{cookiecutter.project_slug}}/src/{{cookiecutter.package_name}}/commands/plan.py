@@ -15,7 +15,7 @@ from jsonargparse import ArgumentParser
 from ..errors import RecipeError
 from ..recipe.library import find_recipe, recipe_for_layout
 from ..recipe.load import parse_recipe, split_command_line
-from ..recipe.schema import Recipe
+from ..recipe.schema import Recipe, TrainConfig, field_path
 from ..tasks import task_for
 from . import first_line
 
@@ -31,7 +31,7 @@ PLAN_DEFAULTS = [
     "8",
     "--precision",
     "bf16-mixed",
-    "--train.micro_batch_size",
+    f"--{field_path(TrainConfig, 'micro_batch_size')}",
     "1",
 ]
 PLAN_FLAGS = ("--parameters", "--gpu", "--gpu_memory_gib", "--interconnect", "--margin", "--host_memory_gib", "--write")

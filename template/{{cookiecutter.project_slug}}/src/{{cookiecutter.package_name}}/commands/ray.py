@@ -12,7 +12,7 @@ from jsonargparse import ArgumentParser
 from ..errors import RecipeError
 from ..recipe.library import find_recipe
 from ..recipe.load import parse_recipe, split_command_line
-from ..recipe.schema import Recipe
+from ..recipe.schema import CheckpointConfig, Recipe, field_path
 from . import first_line
 
 HELP = "Train in Ray Train's workers, on a Ray cluster or a local one."
@@ -54,7 +54,8 @@ def run(argv: list[str], prog: str) -> None:
     if options.max_failures is not None and options.max_failures < -1:
         raise RecipeError(f"--max_failures={options.max_failures} must be >= -1 (-1: restart without limit)")
     path = find_recipe(options.recipe)
-    recipe = parse_recipe(["--config", str(path), "--checkpoint.resume", "auto", *overrides], f"{prog} ray")
+    resume = f"--{field_path(CheckpointConfig, 'resume')}"
+    recipe = parse_recipe(["--config", str(path), resume, "auto", *overrides], f"{prog} ray")
     max_failures = recipe.checkpoint.max_failures if options.max_failures is None else options.max_failures
     from ..cluster.ray import require_ray, train_with_ray
 

@@ -18,7 +18,7 @@ from ..cluster.submit import Training, executor, wait
 from ..errors import RecipeError
 from ..recipe.library import find_recipe
 from ..recipe.load import parse_recipe, split_command_line
-from ..recipe.schema import Recipe
+from ..recipe.schema import CheckpointConfig, Recipe, field_path
 from . import first_line
 
 HELP = "Submit training to SLURM (or run it here) with submitit."
@@ -57,7 +57,8 @@ def run(argv: list[str], prog: str) -> None:
     if options.max_timeouts < 0:
         raise RecipeError(f"--max_timeouts={options.max_timeouts} must be >= 0")
     path = find_recipe(options.recipe)
-    recipe = parse_recipe(["--config", str(path), "--checkpoint.resume", "auto", *overrides], f"{prog} submit")
+    resume = f"--{field_path(CheckpointConfig, 'resume')}"
+    recipe = parse_recipe(["--config", str(path), resume, "auto", *overrides], f"{prog} submit")
     if options.local and recipe.num_nodes > 1:
         raise RecipeError(
             f"submit --local runs the job on this machine, one node, but the recipe asks for num_nodes="

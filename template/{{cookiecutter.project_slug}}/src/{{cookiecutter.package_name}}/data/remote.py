@@ -61,7 +61,7 @@ def _locked(path: Path) -> Iterator[None]:
 class ShardCache:
     """Files of a remote folder, fetched into a local folder of bounded size and verified as they arrive."""
 
-    def __init__(self, url: str, folder: Path, bound_bytes: int, field: str = "data.path") -> None:
+    def __init__(self, url: str, folder: Path, bound_bytes: int, field: str = "url") -> None:
         import fsspec  # only a remote corpus needs it (and its protocol's package: s3fs, gcsfs, huggingface_hub)
 
         self.url, self.folder, self.bound_bytes, self.field = url.rstrip("/"), folder, bound_bytes, field

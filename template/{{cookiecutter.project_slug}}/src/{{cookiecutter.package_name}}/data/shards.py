@@ -123,7 +123,7 @@ class ShardWriter:
         self._files = None
 
 
-def check_files(folder: Path, files: list[Listed], checksums: bool, field: str = "data.path") -> None:
+def check_files(folder: Path, files: list[Listed], checksums: bool, field: str) -> None:
     """Refuse a folder whose files do not match its manifest: missing, another size, or (checksums) other bytes.
 
     Sizes are one stat per file. With `checksums` every byte is read, with progress shown by bytes.

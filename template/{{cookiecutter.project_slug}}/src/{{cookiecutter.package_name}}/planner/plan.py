@@ -25,7 +25,7 @@ cost order, or a pipeline whose bound is at most half of that one's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..precision import MIXED, States, zero_model_states
@@ -89,6 +89,7 @@ class Inputs:
     """What the plan is asked about: a model, a layout, a device and its links."""
 
     cost: ModelCost  # the task's size formulas for its model
+    task: str  # the recipe's task: a written plan starts from a library recipe of that task only
     parameters: int
     precision: str
     devices: int
@@ -143,7 +144,6 @@ class Plan:
     recommended: Estimate | None = None
     micro_batch: int = 0
     reason: str = ""
-    notes: list[str] = field(default_factory=list)
 
 
 def plan_inputs(
@@ -158,6 +158,7 @@ def plan_inputs(
     """The plan's inputs from a resolved `Recipe` (layout, precision, batch), its task's `ModelCost` and the hardware."""
     return Inputs(
         cost=cost,
+        task=recipe.task,
         parameters=parameters,
         precision=recipe.precision,
         devices=recipe.devices,
@@ -312,8 +313,7 @@ def plan(inputs: Inputs) -> Plan:
     """Every candidate at the recipe's micro batch, and the cheapest that fits (in CANDIDATES order, without
     activation checkpointing if any fits so); when none fits, the micro batch is halved until one does."""
     micro_batch = inputs.micro_batch
-    first = [estimate(candidate, inputs, micro_batch) for candidate in CANDIDATES]
-    estimates = first
+    estimates = first = [estimate(candidate, inputs, micro_batch) for candidate in CANDIDATES]
     while True:
         fitting = [e for e in estimates if e.fits]
         if fitting or micro_batch == 1:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import yaml
+
 from ..recipe.library import recipes_dir
 from .options import PlanOption
 from .plan import GB, GIB, Candidate, Inputs, Plan, count, device_word
@@ -33,10 +35,14 @@ def library_recipes(option: PlanOption) -> tuple[str, str, str]:
 
 def library_recipe(candidate: Candidate, inputs: Inputs) -> str | None:
     """The library recipe a written plan starts from (one per layout, `library_recipes`), or None when this
-    project's library has no recipe of that name (another task's library)."""
+    project's library has no recipe of that name (another task's library) or that recipe is of another task than
+    the one planned (a task added beside the project's): its model and data sections would not be the plan's."""
     cpu, one_node, several_nodes = library_recipes(candidate.option)
     name = cpu if inputs.cpu else several_nodes if inputs.num_nodes > 1 else one_node
-    return name if (recipes_dir() / f"{name}.yaml").is_file() else None
+    path = recipes_dir() / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    return name if (yaml.safe_load(path.read_text()) or {}).get("task") == inputs.task else None
 
 
 def strategy_section(candidate: Candidate, base: dict[str, Any], checkpointing: bool, cpu: bool) -> dict[str, Any]:

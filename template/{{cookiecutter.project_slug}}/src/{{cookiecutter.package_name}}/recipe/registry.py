@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from ..errors import RecipeError
-from .schema import Recipe
+from .schema import Recipe, StrategyConfig, field_path
 
 
 class RecipeTask(Protocol):
@@ -83,8 +83,8 @@ class Registry(Generic[Kind]):
         raise RecipeError(f"{self.field}={name!r} is not one of: {', '.join(self.classes)}")
 
 
-TASKS: Registry[type[RecipeTask]] = Registry("task")
-STRATEGIES: Registry[type[RecipeStrategy]] = Registry("strategy.name")
+TASKS: Registry[type[RecipeTask]] = Registry(field_path(Recipe, "task"))
+STRATEGIES: Registry[type[RecipeStrategy]] = Registry(field_path(StrategyConfig, "name"))
 
 
 def task_for(recipe: Recipe) -> RecipeTask:

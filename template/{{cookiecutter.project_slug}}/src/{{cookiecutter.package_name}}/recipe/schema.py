@@ -1,18 +1,24 @@
 """The schema of a recipe: typed dataclasses that YAML files and command-line overrides both fill.
 
-Every knob of the machinery is a field here; a task adds its own `model:` and `data:` sections
-(tasks/<task>/config.py, a subclass of `Recipe`). `recipe/load.py` reads a recipe into the task's
-`Recipe` and `recipe/checks.py` refuses values and combinations that cannot run. No torch import.
+Every knob of the machinery is a field here, its choices a `Literal` and its range `bounds` beside its default
+(recipe/bounds.py); a task adds its own `model:` and `data:` sections (tasks/<task>/config.py, a subclass of
+`Recipe`). `recipe/load.py` reads a recipe into the task's `Recipe`, recipe/typecheck.py refuses a value outside
+its field's choices or bounds and `recipe/checks.py` combinations that cannot run. Code elsewhere names a field
+through `field_path`, never by spelling its path. No torch import.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..precision import Precision
 from ..project import DEFAULT_LOGGER, PROJECT, TASK
+from .bounds import bounds
 
 Offload = Literal["none", "cpu", "nvme"]
 
@@ -43,10 +49,10 @@ class Fsdp2Options:
             parameter count.
     """
 
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = field(default=1, metadata=bounds(at_least=1))
     float8: bool = False
     cpu_offload: bool = False
-    pipeline_parallel_size: int = 1
+    pipeline_parallel_size: int = field(default=1, metadata=bounds(at_least=1))
     pipeline_microbatches: int = 4
     pipeline_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"] = "1F1B"
     pipeline_stages_per_rank: int = 1
@@ -118,9 +124,9 @@ class StrategyConfig:
 
     name: str = "fsdp2"
     process_group_backend: Literal["nccl", "gloo"] | None = None
-    timeout_minutes: int = 30
+    timeout_minutes: int = field(default=30, metadata=bounds(at_least=1))
     activation_checkpointing: bool = False
-    activation_checkpointing_every: int = 1
+    activation_checkpointing_every: int = field(default=1, metadata=bounds(at_least=1))
     activation_checkpointing_policy: Literal["full", "selective"] = "full"
     compile: bool = False
     meta_init: bool = False
@@ -160,19 +166,20 @@ class TrainConfig:
             train/skipped_updates is logged).
     """
 
-    max_steps: int = 100
-    micro_batch_size: int = 8
-    grad_accum_steps: int = 1
-    learning_rate: float = 1e-3
-    min_learning_rate: float = 1e-4
-    warmup_steps: int = 10
+    # The upper bounds guard what later overflows or cannot be allocated (Lightning seeds with 32-bit seeds).
+    max_steps: int = field(default=100, metadata=bounds(at_least=1, at_most=10**12))
+    micro_batch_size: int = field(default=8, metadata=bounds(at_least=1, at_most=2**20))
+    grad_accum_steps: int = field(default=1, metadata=bounds(at_least=1, at_most=2**20))
+    learning_rate: float = field(default=1e-3, metadata=bounds(above=0))
+    min_learning_rate: float = field(default=1e-4, metadata=bounds(at_least=0))
+    warmup_steps: int = field(default=10, metadata=bounds(at_least=0))
     schedule: Literal["cosine", "wsd"] = "cosine"
-    decay_fraction: float = 0.2
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    seed: int = 1337
+    decay_fraction: float = field(default=0.2, metadata=bounds(above=0, at_most=1, note="a share of train.max_steps"))
+    weight_decay: float = field(default=0.1, metadata=bounds(at_least=0))
+    beta1: float = field(default=0.9, metadata=bounds(at_least=0, below=1))
+    beta2: float = field(default=0.95, metadata=bounds(at_least=0, below=1))
+    grad_clip: float = field(default=1.0, metadata=bounds(at_least=0))
+    seed: int = field(default=1337, metadata=bounds(at_least=0, at_most=2**32 - 1))
     on_nonfinite_loss: Literal["stop", "skip"] = "stop"
 
     @property
@@ -190,8 +197,8 @@ class EvalConfig:
         batches: Micro-batches per device in one validation pass.
     """
 
-    every_steps: int = 50
-    batches: int = 4
+    every_steps: int = field(default=50, metadata=bounds(at_least=0))
+    batches: int = field(default=4, metadata=bounds(at_least=1))
 
 
 @dataclass
@@ -215,13 +222,13 @@ class CheckpointConfig:
             newest complete checkpoint. 0 never restarts; -1 restarts without limit.
     """
 
-    save_every_steps: int = 50
-    save_every_minutes: float = 0.0
-    keep_last: int = 0
+    save_every_steps: int = field(default=50, metadata=bounds(at_least=0))
+    save_every_minutes: float = field(default=0.0, metadata=bounds(at_least=0))
+    keep_last: int = field(default=0, metadata=bounds(at_least=0))
     async_save: bool = False
     resume: str | None = None
-    stop_deadline_seconds: float = 60.0
-    max_failures: int = 3
+    stop_deadline_seconds: float = field(default=60.0, metadata=bounds(above=0, at_most=86_400))
+    max_failures: int = field(default=3, metadata=bounds(at_least=-1))
 
 
 @dataclass
@@ -255,10 +262,10 @@ class LoggerConfig:
     run_name: str | None = None
     group: str | None = None
     tags: list[str] = field(default_factory=list)
-    log_every_steps: int = 10
-    peak_tflops: float | None = None
+    log_every_steps: int = field(default=10, metadata=bounds(at_least=1))
+    peak_tflops: float | None = field(default=None, metadata=bounds(above=0, note="or null to use the GPU table"))
     upload_final_weights: bool = False
-    straggler_margin: float = 0.2
+    straggler_margin: float = field(default=0.2, metadata=bounds(at_least=0, note="0.2: 20% over the median"))
 
 
 @dataclass
@@ -304,8 +311,8 @@ class Recipe:
     """
 
     accelerator: Literal["auto", "cpu", "cuda"] = "auto"
-    devices: int = 1
-    num_nodes: int = 1
+    devices: int = field(default=1, metadata=bounds(at_least=1, at_most=4096))
+    num_nodes: int = field(default=1, metadata=bounds(at_least=1, at_most=100_000))
     precision: Precision = "32-true"
     out_dir: str = "runs/default"
     task: str = TASK
@@ -333,3 +340,49 @@ class Recipe:
             if data["strategy"][section] is None:
                 del data["strategy"][section]
         return data
+
+
+def field_path(section: Any, name: str) -> str:
+    """The dotted path of field `name` of a recipe section (a dataclass of the schema, or an instance of one):
+    `field_path(TrainConfig, "max_steps")` is "train.max_steps", `field_path(Recipe, "devices")` "devices".
+
+    Code that names a field in a message or an override asks here rather than spelling the path, so a renamed
+    field or section fails where it is named. Raises LookupError when the section has no such field, or sits at
+    no place, or at more than one, in the recipes (Recipe and each task's subclass of it).
+    """
+    cls = section if isinstance(section, type) else type(section)
+    if not dataclasses.is_dataclass(cls) or name not in {f.name for f in dataclasses.fields(cls)}:
+        raise LookupError(f"{cls.__name__} has no recipe field {name!r}")
+    prefix = section_path(cls)
+    return f"{prefix}.{name}" if prefix else name
+
+
+def section_path(section: Any) -> str:
+    """Where a recipe section (a dataclass of the schema, or an instance of one) sits in a recipe: "strategy.fsdp2";
+    "" for a Recipe. Raises LookupError when it sits at no place, or at more than one, in the recipes."""
+    cls = section if isinstance(section, type) else type(section)
+    places = {prefix for recipe in _recipe_types() for found, prefix in _sections(recipe, "") if found is cls}
+    if len(places) != 1:
+        raise LookupError(f"{cls.__name__} sits at {len(places)} places in the recipes ({sorted(places)}), not one")
+    return places.pop().removesuffix(".")
+
+
+def _recipe_types() -> Iterator[type]:
+    """Recipe and every subclass of it defined so far (each task's config.py adds one)."""
+    pending: list[type] = [Recipe]
+    while pending:
+        recipe = pending.pop()
+        pending += recipe.__subclasses__()
+        yield recipe
+
+
+def _sections(cls: type, prefix: str) -> Iterator[tuple[type, str]]:
+    """(section dataclass, its path's prefix: "strategy.fsdp2.") of `cls` at `prefix` and of every section under it."""
+    yield cls, prefix
+    hints = typing.get_type_hints(cls)
+    for member in dataclasses.fields(cls):
+        annotation = hints[member.name]
+        is_union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        for kind in typing.get_args(annotation) if is_union else (annotation,):
+            if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+                yield from _sections(kind, f"{prefix}{member.name}.")

@@ -1,11 +1,13 @@
-"""A recipe's keys and value types, checked against the schema before jsonargparse reads the recipe.
+"""A recipe checked against the schema: its keys and value types before jsonargparse reads it, its values' choices
+and bounds once it is read.
 
 The data of a recipe file and the command line's `--section.key value` overrides are walked through the
 task's Recipe dataclass (recipe/schema.py and the task's config.py): an unknown key is named with the keys
 allowed beside it (and the nearest one, when one is near), a value of the wrong type with the type expected,
 a choice that is not offered with the choices. The types come from the dataclasses' annotations, so a new
 field or section is checked with no change here, and every message is the project's own: jsonargparse then
-reads data that already fits the schema.
+reads data that already fits the schema. The parsed Recipe, defaults included, is walked the same way
+(`check_values`) for the bounds its fields declare (recipe/bounds.py), named by the path walked.
 
 A value is read as jsonargparse reads it: where a number, a boolean, a list or a section is expected, a
 string is read as YAML (`'2'` in a file; `1e-3`, `yes`, `[a, b]`, `{max_steps: 20}` on the command line).
@@ -24,6 +26,8 @@ from typing import Any, Literal
 import yaml
 
 from ..errors import RecipeError
+from .bounds import bounds_of
+from .schema import section_path
 
 # The words of a recipe's command line that jsonargparse handles itself; `--print_config` may take a value.
 FILE_OPTION = "--config"
@@ -62,6 +66,14 @@ def check_overrides(argv: list[str], recipe_type: type) -> None:
             raise RecipeError(f"{FILE_OPTION}: expected a recipe file, got no value")
         if flag not in (FILE_OPTION, PRINT_OPTION):
             _check_override(flag, given, recipe_type)
+
+
+def check_values(section: Any) -> None:
+    """Every value of a parsed recipe (a Recipe instance, defaults included), or of one section of it, is one of its
+    field's choices and within its field's bounds; raises RecipeError naming the first that is not by its path in
+    the recipe (`train.max_steps=0 must be >= 1`)."""
+    prefix = section_path(section)
+    _check_instance(section, prefix.split(".") if prefix else [])
 
 
 def load_value(text: str) -> Any:
@@ -130,9 +142,31 @@ def _check_value(value: Any, annotation: Any, parts: list[str], flag: bool) -> N
             return
         value = loaded if value.strip() else value
     if choices := _choices(annotation):
-        allowed = ", ".join(_shown(choice) for choice in choices)
-        raise RecipeError(f"{name}: {_shown(value)} is not allowed (choose one of {allowed})")
+        raise RecipeError(_not_allowed(name, value, choices))
     raise RecipeError(f"{name}: expected {_describe(annotation)}, got {_shown(value)}")
+
+
+def _check_instance(section: Any, parts: list[str]) -> None:
+    """The values of the dataclass instance `section` (at dotted path `parts`) in their choices and bounds."""
+    annotations = _fields(type(section))
+    for member in dataclasses.fields(section):
+        value, path = getattr(section, member.name), [*parts, member.name]
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            _check_instance(value, path)
+            continue
+        name, annotation = ".".join(path), annotations[member.name]
+        if (choices := _choices(annotation)) and not _accepts(value, annotation):
+            raise RecipeError(_not_allowed(name, value, choices))
+        bounds = bounds_of(member)
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if bounds is not None and is_number and (refusal := bounds.refusal(value)) is not None:
+            raise RecipeError(f"{name}={value} {refusal}")
+
+
+def _not_allowed(name: str, value: Any, choices: tuple[Any, ...]) -> str:
+    """`precision: 'fp8' is not allowed (choose one of '32-true', ...)`."""
+    allowed = ", ".join(_shown(choice) for choice in choices)
+    return f"{name}: {_shown(value)} is not allowed (choose one of {allowed})"
 
 
 def _field_at(parts: list[str], recipe_type: type) -> Any:

@@ -63,8 +63,6 @@ class FSDP2(TrainingStrategy):
 
     def check(self) -> None:
         recipe, tensor_parallel = self.recipe, self.tensor_parallel_size
-        if tensor_parallel < 1:
-            raise RecipeError(f"strategy.fsdp2.tensor_parallel_size={tensor_parallel} must be >= 1")
         if recipe.devices % tensor_parallel:
             raise RecipeError(
                 f"strategy.fsdp2.tensor_parallel_size={tensor_parallel} does not divide devices={recipe.devices}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import RecipeError
+from ..recipe.schema import StrategyConfig, field_path
 from .base import divisors
 
 # Stages per pipeline rank each schedule runs: exactly these (ZBV: two, in a V), or for the looped schedules (rank r
@@ -28,9 +29,7 @@ def check_pipeline(strategy: Any) -> None:
     """Refuse pipeline options this recipe cannot run (RecipeError naming the field)."""
     recipe, options = strategy.recipe, strategy.options
     size, tensor_parallel = options.pipeline_parallel_size, options.tensor_parallel_size
-    field = "strategy.fsdp2"
-    if size < 1:
-        raise RecipeError(f"{field}.pipeline_parallel_size={size} must be >= 1")
+    field = field_path(StrategyConfig, "fsdp2")
     if recipe.world_size % (size * tensor_parallel):
         raise RecipeError(
             f"{field}.pipeline_parallel_size={size} x tensor_parallel_size={tensor_parallel} does not divide"

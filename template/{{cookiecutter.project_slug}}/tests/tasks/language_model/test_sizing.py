@@ -160,3 +160,13 @@ def test_the_activation_estimate_is_within_15_percent_of_what_autograd_saves(
 )
 def test_the_torch_free_parameter_count_is_the_built_models(config: ModelConfig) -> None:
     assert model_parameters(config) == count_parameters(config)
+
+
+def test_flops_per_token_are_six_per_matmul_parameter_plus_attention() -> None:
+    config = ModelConfig(n_layer=2, n_head=2, n_embd=64, block_size=32)
+    with torch.device("meta"):
+        matmul_parameters = sum(
+            p.numel() for name, p in GPT(config).named_parameters() if p.dim() == 2 and "embedding" not in name
+        )
+    attention = 12 * config.n_layer * config.n_embd * config.block_size
+    assert training_flops_per_token(config) == 6 * matmul_parameters + attention

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ...recipe.schema import Recipe
+from ...recipe.bounds import bounds
+from ...recipe.schema import Recipe, field_path
 
 
 @dataclass
@@ -28,16 +29,16 @@ class ViTConfig:
         norm_eps: Epsilon of the LayerNorm layers.
     """
 
-    image_size: int = 8
-    patch_size: int = 2
-    channels: int = 1
-    num_classes: int = 10
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 64
-    mlp_ratio: int = 4
-    dropout: float = 0.0
-    norm_eps: float = 1e-6
+    image_size: int = field(default=8, metadata=bounds(at_least=1))
+    patch_size: int = field(default=2, metadata=bounds(at_least=1))
+    channels: int = field(default=1, metadata=bounds(at_least=1))
+    num_classes: int = field(default=10, metadata=bounds(at_least=2))
+    n_layer: int = field(default=4, metadata=bounds(at_least=1))
+    n_head: int = field(default=4, metadata=bounds(at_least=1))
+    n_embd: int = field(default=64, metadata=bounds(at_least=1))
+    mlp_ratio: int = field(default=4, metadata=bounds(at_least=1))
+    dropout: float = field(default=0.0, metadata=bounds(at_least=0, below=1))
+    norm_eps: float = field(default=1e-6, metadata=bounds(above=0))
 
     @property
     def num_patches(self) -> int:
@@ -82,7 +83,7 @@ class ImageDataConfig:
 
     source: Literal["digits", "prepared"] = "digits"
     path: str | None = None
-    val_fraction: float = 0.1
+    val_fraction: float = field(default=0.1, metadata=bounds(above=0, below=1))
     crop_padding: int = 0
     flip: bool = False
     verify: Literal["sizes", "full"] = "sizes"
@@ -94,3 +95,7 @@ class ImageClassificationRecipe(Recipe):
 
     model: ViTConfig = field(default_factory=ViTConfig)
     data: ImageDataConfig = field(default_factory=ImageDataConfig)
+
+
+# How messages about the prepared folder name its field.
+DATA_PATH = field_path(ImageDataConfig, "path")

@@ -21,7 +21,7 @@ import torch
 
 from ...data.shards import hashed_here
 from ...errors import RecipeError
-from .config import ImageDataConfig, ViTConfig
+from .config import DATA_PATH, ImageDataConfig, ViTConfig
 from .prepare import (
     DIGITS_SPLIT_SEED,
     LABEL_DTYPE,
@@ -119,7 +119,7 @@ class PreparedImages(NamedTuple):
     classes: list[str]
 
 
-def read_prepared(folder: Path, model: ViTConfig, field: str = "data.path", checksums: bool = False) -> PreparedImages:
+def read_prepared(folder: Path, model: ViTConfig, field: str = DATA_PATH, checksums: bool = False) -> PreparedImages:
     """Both splits of a prepared folder, as memory-mapped shards, and its classes; verified and checked first."""
     manifest = read_manifest(folder, field)
     check_fits(manifest, model, folder, field)

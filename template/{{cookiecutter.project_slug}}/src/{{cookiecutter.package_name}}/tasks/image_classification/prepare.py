@@ -40,7 +40,8 @@ from ...cluster.lifecycle import end_with_parent
 from ...data.shards import Listed, ShardWriter, check_files, load_manifest, write_manifest
 from ...errors import RecipeError
 from ...progress import Meter
-from .config import ImageDataConfig, ViTConfig
+from ...recipe.typecheck import check_values
+from .config import DATA_PATH, ImageDataConfig, ViTConfig
 
 FORMAT = 1
 KIND = "images"  # a token folder of the language model has a manifest too
@@ -57,8 +58,7 @@ DIGITS_SPLIT_SEED = 0  # fixed: train.seed must not move images between the spli
 
 def check_data(data: ImageDataConfig, model: ViTConfig) -> None:
     """Refuse data settings the model cannot train on, without reading the data."""
-    if not 0 < data.val_fraction < 1:
-        raise RecipeError(f"data.val_fraction={data.val_fraction} must be in (0, 1)")
+    check_values(data)  # its bounds, also where data is loaded without a parsed recipe
     if not 0 <= data.crop_padding < model.image_size:
         raise RecipeError(f"data.crop_padding={data.crop_padding} must be in [0, model.image_size)")
     if data.source == "prepared" and not data.path:
@@ -242,13 +242,13 @@ def prepare_images(
 # --- reading ----------------------------------------------------------------------------------------------
 
 
-def read_manifest(folder: Path, field: str = "data.path") -> dict[str, Any]:
+def read_manifest(folder: Path, field: str = DATA_PATH) -> dict[str, Any]:
     """The manifest of a complete prepared image folder; refuses a missing, unfinished or foreign one."""
     hint = f"prepare IMAGE_FOLDER --out {folder}"
     return load_manifest(folder, field, hint, FORMAT, (KIND, "a prepared image folder"))
 
 
-def verify(folder: Path, manifest: dict[str, Any], checksums: bool = False, field: str = "data.path") -> None:
+def verify(folder: Path, manifest: dict[str, Any], checksums: bool = False, field: str = DATA_PATH) -> None:
     """Refuse a folder whose files do not match its manifest: missing, another size, or (checksums) other bytes."""
     image_bytes = manifest["image_size"] ** 2 * manifest["channels"]
     files = []
@@ -269,7 +269,7 @@ def describe_folder(folder: Path) -> str:
     )
 
 
-def check_fits(manifest: dict[str, Any], model: ViTConfig, folder: Path, field: str = "data.path") -> None:
+def check_fits(manifest: dict[str, Any], model: ViTConfig, folder: Path, field: str = DATA_PATH) -> None:
     """Refuse a prepared folder whose images or classes the model cannot take."""
     where = f"{field}={str(folder)!r}"
     for key in ("image_size", "channels"):

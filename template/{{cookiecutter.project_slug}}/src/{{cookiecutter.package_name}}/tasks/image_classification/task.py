@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...errors import RecipeError
+from ...recipe.schema import field_path
 from ..base import ModelCost, Splits, Task
-from .config import ImageClassificationRecipe
+from .config import DATA_PATH, ImageClassificationRecipe, ImageDataConfig, ViTConfig
 from .prepare import check_data, describe_prepared  # numpy, no torch
 
 if TYPE_CHECKING:
@@ -49,25 +50,17 @@ class ImageClassification(Task):
 
     def check(self) -> None:
         model, data = self.recipe.model, self.recipe.data
-        for key in ("image_size", "patch_size", "channels", "n_layer", "n_head", "n_embd", "mlp_ratio"):
-            if (value := getattr(model, key)) < 1:
-                raise RecipeError(f"model.{key}={value} must be >= 1")
-        if model.num_classes < 2:
-            raise RecipeError(f"model.num_classes={model.num_classes} must be >= 2")
         if model.image_size % model.patch_size:
             raise RecipeError(
                 f"model.patch_size={model.patch_size} does not divide model.image_size={model.image_size}"
             )
         if model.n_embd % model.n_head:
             raise RecipeError(f"model.n_head={model.n_head} does not divide model.n_embd={model.n_embd}")
-        if not 0 <= model.dropout < 1:
-            raise RecipeError(f"model.dropout={model.dropout} must be in [0, 1)")
-        if not model.norm_eps > 0:
-            raise RecipeError(f"model.norm_eps={model.norm_eps} must be > 0")
         check_data(data, model)
 
     def tensor_parallel_dimensions(self) -> dict[str, int]:
-        return {f"model.{key}": size for key, size in self.recipe.model.tensor_parallel_dimensions().items()}
+        model = self.recipe.model
+        return {field_path(model, key): size for key, size in model.tensor_parallel_dimensions().items()}
 
     def model_cost(self) -> ModelCost:
         from .sizing import ViTShape
@@ -78,8 +71,8 @@ class ImageClassification(Task):
         from .sizing import reference_model
 
         # A reference ViT takes 224x224 RGB images: planned as trained on a prepared folder (plan reads no data).
-        fields = {f"model.{key}": value for key, value in reference_model(parameters).items()}
-        return {**fields, "data.source": "prepared", "data.path": "data/prepared"}
+        fields = {field_path(ViTConfig, key): value for key, value in reference_model(parameters).items()}
+        return {**fields, field_path(ImageDataConfig, "source"): "prepared", DATA_PATH: "data/prepared"}
 
     def describe(self) -> str | None:
         if self.recipe.data.source != "prepared":

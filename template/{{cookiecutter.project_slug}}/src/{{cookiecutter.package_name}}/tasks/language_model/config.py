@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ...recipe.schema import EvalConfig, Recipe
+from ...recipe.bounds import bounds
+from ...recipe.schema import EvalConfig, Recipe, field_path
 
 
 @dataclass
@@ -38,19 +39,19 @@ class ModelConfig:
     """
 
     arch: Literal["gpt", "llama"] = "gpt"
-    vocab_size: int = 256
-    block_size: int = 128
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    mlp_ratio: int = 4
-    dropout: float = 0.0
+    vocab_size: int = field(default=256, metadata=bounds(at_least=1))
+    block_size: int = field(default=128, metadata=bounds(at_least=1))
+    n_layer: int = field(default=4, metadata=bounds(at_least=1))
+    n_head: int = field(default=4, metadata=bounds(at_least=1))
+    n_embd: int = field(default=128, metadata=bounds(at_least=1))
+    mlp_ratio: int = field(default=4, metadata=bounds(at_least=1))
+    dropout: float = field(default=0.0, metadata=bounds(at_least=0, below=1))
     bias: bool = False
-    n_kv_head: int = 0
-    intermediate_size: int = 0
-    rope_theta: float = 10000.0
+    n_kv_head: int = field(default=0, metadata=bounds(at_least=0, note="0: n_head"))
+    intermediate_size: int = field(default=0, metadata=bounds(at_least=0, note="0: Llama's rule"))
+    rope_theta: float = field(default=10000.0, metadata=bounds(above=0))
     tie_embeddings: bool = False
-    norm_eps: float = 1e-5
+    norm_eps: float = field(default=1e-5, metadata=bounds(above=0))
     init_from: str | None = None
 
     @property
@@ -131,11 +132,11 @@ class DataConfig:
     source: Literal["embedded", "text", "tokens", "prepared"] = "embedded"
     path: str | None = None
     token_dtype: Literal["uint16", "uint32"] = "uint16"
-    val_fraction: float = 0.1
+    val_fraction: float = field(default=0.1, metadata=bounds(above=0, below=1))
     verify: Literal["sizes", "full"] = "sizes"
-    shuffle_blocks: int = 8
+    shuffle_blocks: int = field(default=8, metadata=bounds(at_least=1))
     cache_dir: str | None = None
-    cache_gb: float = 50.0
+    cache_gb: float = field(default=50.0, metadata=bounds(above=0))
     format: Literal["stream", "sft"] = "stream"
     packing: bool = True
 
@@ -156,9 +157,9 @@ class LanguageModelEvalConfig(EvalConfig):
     """
 
     tasks: list[str] = field(default_factory=list)
-    tasks_every_steps: int = 0
+    tasks_every_steps: int = field(default=0, metadata=bounds(at_least=0, note="0: at validation's steps"))
     tasks_include_path: str | None = None
-    tasks_limit: float | None = None
+    tasks_limit: float | None = field(default=None, metadata=bounds(above=0, note="or null: every example"))
 
 
 # The projections of a block that LoRA may adapt, by family: attention's and the MLP's linear layers.
@@ -180,9 +181,9 @@ class LoraConfig:
             (LORA_TARGETS lists each family's); empty: all of them.
     """
 
-    rank: int = 0
-    alpha: int = 16
-    dropout: float = 0.0
+    rank: int = field(default=0, metadata=bounds(at_least=0, note="0: no adapters"))
+    alpha: int = field(default=16, metadata=bounds(above=0))
+    dropout: float = field(default=0.0, metadata=bounds(at_least=0, below=1))
     target_modules: list[str] = field(default_factory=list)
 
     def targets(self, arch: str) -> list[str]:
@@ -198,3 +199,7 @@ class LanguageModelRecipe(Recipe):
     data: DataConfig = field(default_factory=DataConfig)
     eval: LanguageModelEvalConfig = field(default_factory=LanguageModelEvalConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+# How messages about the data folder name its field.
+DATA_PATH = field_path(DataConfig, "path")

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ...errors import RecipeError
 from ...progress import counted
-from ...recipe.schema import Recipe
+from ...recipe.schema import Recipe, field_path
 
 RESULTS_SUFFIX = ".eval.json"  # step-00000100.eval.json beside checkpoints/step-00000100
 
@@ -291,7 +291,7 @@ class TrainingEvaluation:
         self.recipe = recipe
         config = recipe.eval
         self.every = config.tasks_every_steps or config.every_steps
-        self.tasks = load_tasks(config.tasks, config.tasks_include_path, where="eval.tasks")
+        self.tasks = load_tasks(config.tasks, config.tasks_include_path, where=field_path(config, "tasks"))
 
     def due(self, step: int, max_steps: int) -> bool:
         """Whether the tasks run after this step: every `every` steps and at the end."""

@@ -31,18 +31,13 @@ ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetens
 
 
 def check_lora(recipe: LanguageModelRecipe) -> None:
-    """Refuse a lora section that cannot run: its values and the model it adapts (the strategies that train adapters
-    say which of their settings do not compose with them: recipe/checks.py, strategies/)."""
+    """Refuse a lora section that cannot run: its projections and the model it adapts (its values' bounds are
+    declared on LoraConfig; the strategies that train adapters say which of their settings do not compose with
+    them: recipe/checks.py, strategies/)."""
     lora, model = recipe.lora, recipe.model
-    if lora.rank < 0:
-        raise RecipeError(f"lora.rank={lora.rank} must be >= 0 (0: no adapters)")
     if lora.rank == 0:
         return
     where = f"lora.rank={lora.rank}"
-    if not lora.alpha > 0:
-        raise RecipeError(f"lora.alpha={lora.alpha} must be > 0")
-    if not 0 <= lora.dropout < 1:
-        raise RecipeError(f"lora.dropout={lora.dropout} must be in [0, 1)")
     targets = LORA_TARGETS[model.arch]
     unknown = [name for name in lora.target_modules if name not in targets]
     if unknown:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...errors import RecipeError
+from ...recipe.schema import field_path
 from ..base import Benchmarks, Inputs, ModelCost, Splits, Task
 from .config import (
     ARCH_ONLY_FIELDS,
@@ -51,10 +52,10 @@ class LanguageModel(Task):
         # The eval.tasks of training are not the checkpoint's: reading it needs neither lm-eval nor their folder.
         # The weights init_from named are in a checkpoint now; the folder they came from may be gone. Not so under
         # LoRA: the checkpoint holds the adapters, init_from the base they adapt.
-        overrides = ["--eval.tasks", "[]"]
+        overrides = [f"--{field_path(LanguageModelEvalConfig, 'tasks')}", "[]"]
         if (saved.get("lora") or {}).get("rank") and (saved.get("model") or {}).get("init_from"):
             return overrides
-        return ["--model.init_from", "null", *overrides]
+        return [f"--{field_path(ModelConfig, 'init_from')}", "null", *overrides]
 
     @classmethod
     def verify_prepared(cls, folder: Path) -> str:
@@ -65,19 +66,8 @@ class LanguageModel(Task):
 
     def check(self) -> None:
         model, data = self.recipe.model, self.recipe.data
-        for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio"):
-            if (value := getattr(model, key)) < 1:
-                raise RecipeError(f"model.{key}={value} must be >= 1")
-        if not 0 <= model.dropout < 1:
-            raise RecipeError(f"model.dropout={model.dropout} must be in [0, 1)")
         if model.n_embd % model.n_head:
             raise RecipeError(f"model.n_head={model.n_head} does not divide model.n_embd={model.n_embd}")
-        if not 0 < data.val_fraction < 1:
-            raise RecipeError(f"data.val_fraction={data.val_fraction} must be in (0, 1)")
-        if data.shuffle_blocks < 1:
-            raise RecipeError(f"data.shuffle_blocks={data.shuffle_blocks} must be >= 1")
-        if not data.cache_gb > 0:
-            raise RecipeError(f"data.cache_gb={data.cache_gb} must be > 0")
         if data.source != "embedded" and not data.path:
             raise RecipeError(f"data.path is required when data.source={data.source}")
         if data.format == "sft" and data.source not in ("embedded", "prepared"):
@@ -97,7 +87,8 @@ class LanguageModel(Task):
         check_lora(self.recipe)
 
     def tensor_parallel_dimensions(self) -> dict[str, int]:
-        return {f"model.{key}": size for key, size in self.recipe.model.tensor_parallel_dimensions().items()}
+        model = self.recipe.model
+        return {field_path(model, key): size for key, size in model.tensor_parallel_dimensions().items()}
 
     def adapters(self) -> str | None:
         return f"lora.rank={self.recipe.lora.rank}" if self.recipe.lora.rank else None
@@ -120,7 +111,7 @@ class LanguageModel(Task):
     def reference_model(self, parameters: float) -> dict[str, Any]:
         from .sizing import reference_model
 
-        return {f"model.{key}": value for key, value in reference_model(parameters).items()}
+        return {field_path(ModelConfig, key): value for key, value in reference_model(parameters).items()}
 
     def describe(self) -> str | None:
         if self.recipe.data.source != "prepared":
@@ -263,10 +254,6 @@ def counted_targets(targets: torch.Tensor) -> torch.Tensor:
 
 def check_eval_tasks(config: LanguageModelEvalConfig) -> None:
     """eval.tasks* settings that can run (the tasks themselves are loaded when training starts)."""
-    if config.tasks_every_steps < 0:
-        raise RecipeError(f"eval.tasks_every_steps={config.tasks_every_steps} must be >= 0 (0: at validation's steps)")
-    if config.tasks_limit is not None and config.tasks_limit <= 0:
-        raise RecipeError(f"eval.tasks_limit={config.tasks_limit} must be > 0 (or null: every example)")
     if not config.tasks:
         return
     if not (config.tasks_every_steps or config.every_steps):
@@ -291,8 +278,6 @@ def check_model(model: ModelConfig) -> None:
             )
     if model.arch != "llama":
         return
-    if model.n_kv_head < 0 or model.intermediate_size < 0:
-        raise RecipeError("model.n_kv_head and model.intermediate_size must be >= 0 (0: the default rule)")
     if model.n_head % model.kv_heads:
         raise RecipeError(
             f"model.n_kv_head={model.n_kv_head} does not divide model.n_head={model.n_head}"
@@ -302,8 +287,6 @@ def check_model(model: ModelConfig) -> None:
         raise RecipeError(
             f"model.n_embd / model.n_head = {model.n_embd // model.n_head} must be even (RoPE rotates pairs)"
         )
-    if not model.rope_theta > 0 or not model.norm_eps > 0:
-        raise RecipeError("model.rope_theta and model.norm_eps must be > 0")
     if model.init_from is not None:
         from .hf import check_init_from  # reads JSON only: no torch
 

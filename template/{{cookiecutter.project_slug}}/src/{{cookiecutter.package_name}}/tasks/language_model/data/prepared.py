@@ -22,6 +22,7 @@ import numpy as np
 
 from ....data.shards import MANIFEST, Listed, ShardWriter, check_files, load_manifest
 from ....errors import RecipeError
+from ..config import DATA_PATH
 
 TOKENIZER = "tokenizer.json"
 FORMAT = 1
@@ -145,12 +146,12 @@ def count_token(tokens: ShardedTokens, token: int) -> int:
     return sum(int(np.count_nonzero(tokens[start : start + piece] == token)) for start in range(0, len(tokens), piece))
 
 
-def read_manifest(folder: Path, field: str = "data.path") -> dict[str, Any]:
+def read_manifest(folder: Path, field: str = DATA_PATH) -> dict[str, Any]:
     """The manifest of a complete prepared folder; refuses a missing, unfinished or foreign one."""
     return load_manifest(folder, field, f"prepare INPUTS --out {folder}", FORMAT)
 
 
-def verify(folder: Path, manifest: dict[str, Any], checksums: bool = False, field: str = "data.path") -> None:
+def verify(folder: Path, manifest: dict[str, Any], checksums: bool = False, field: str = DATA_PATH) -> None:
     """Refuse a folder whose files do not match its manifest: missing, another size, or (checksums) other bytes."""
     itemsize = np.dtype(manifest["dtype"]).itemsize
     files = [Listed(TOKENIZER, None, manifest["tokenizer"]["sha256"])]
@@ -163,7 +164,7 @@ def verify(folder: Path, manifest: dict[str, Any], checksums: bool = False, fiel
 
 
 def open_prepared(
-    folder: Path, field: str = "data.path", checksums: bool = False
+    folder: Path, field: str = DATA_PATH, checksums: bool = False
 ) -> tuple[ShardedTokens, dict[str, Any]]:
     """All tokens of a prepared folder as one array of memory maps, and its manifest; checked first.
 
@@ -177,7 +178,7 @@ def open_prepared(
 
 
 def open_remote(
-    url: str, cache_dir: Path, cache_gb: float, shuffle_blocks: int, field: str = "data.path"
+    url: str, cache_dir: Path, cache_gb: float, shuffle_blocks: int, field: str = DATA_PATH
 ) -> tuple[ShardedTokens, dict[str, Any], Path]:
     """A prepared folder at a URL: its tokens read through a node-local cache (data/remote.py), its manifest, and
     the local copy of its tokenizer. Checked first: the manifest, every shard's size (one listing) and the cache's
@@ -209,7 +210,7 @@ def open_remote(
     return tokens, manifest, tokenizer
 
 
-def remote_tokenizer(url: str, cache_dir: Path, field: str = "data.path") -> tuple[Path, dict[str, Any]]:
+def remote_tokenizer(url: str, cache_dir: Path, field: str = DATA_PATH) -> tuple[Path, dict[str, Any]]:
     """The local copy of a remote prepared folder's tokenizer (fetched into its cache, checked), and its manifest."""
     from ....data.remote import ShardCache
 

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ....errors import RecipeError
+from ..config import DATA_PATH
 from .chat import (
     ChatTemplate,
     encode_conversation,
@@ -189,7 +190,7 @@ def sft_manifest(
     return {"sft": section, "validation": split}
 
 
-def open_examples(folder: Path, manifest: dict[str, Any], tokens: Any, field: str = "data.path") -> Examples:
+def open_examples(folder: Path, manifest: dict[str, Any], tokens: Any, field: str = DATA_PATH) -> Examples:
     """The examples of a prepared SFT folder (its files checked by prepared.verify)."""
     from .prepared import ShardedTokens
 

@@ -12,7 +12,7 @@ from ....data.remote import default_cache_dir, is_url
 from ....data.shards import hashed_here
 from ....errors import RecipeError
 from ....project import PROJECT
-from ..config import DataConfig, ModelConfig
+from ..config import DATA_PATH, DataConfig, ModelConfig
 from .prepared import (
     TOKENIZER,
     ShardedTokens,
@@ -135,7 +135,7 @@ def cache_folder(config: DataConfig) -> Path:
     return default_cache_dir(str(config.path), PROJECT)
 
 
-def prepared_tokenizer(config: DataConfig, field: str = "data.path") -> tuple[Path, dict[str, Any]]:
+def prepared_tokenizer(config: DataConfig, field: str = DATA_PATH) -> tuple[Path, dict[str, Any]]:
     """A prepared folder's tokenizer.json as a local file, and its manifest (a remote folder's come from its cache)."""
     if is_url(config.path):
         return remote_tokenizer(str(config.path), cache_folder(config), field)
@@ -161,7 +161,7 @@ def describe_prepared(config: DataConfig, model: ModelConfig) -> str:
 def check_vocab_size(config: DataConfig, model: ModelConfig, manifest: dict[str, Any], tokenizer: Path) -> None:
     """The model must hold every id of the folder's own tokenizer.json (read, not the manifest's claim) and the
     largest id `prepare` wrote (counted while writing the shards, which their digests tie to)."""
-    vocabulary = vocab_size(load_tokenizer(tokenizer, "data.path"))
+    vocabulary = vocab_size(load_tokenizer(tokenizer, DATA_PATH))
     largest = int(manifest.get("max_token_id", -1))
     needed = max(vocabulary, largest + 1)
     if model.vocab_size < needed:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .....recipe.schema import field_path
 from ...config import ModelConfig
 from ...hf import LLAMA, HFTensor
 
@@ -70,15 +71,16 @@ def config(config: ModelConfig, dtype: str, eos_token_id: int | None = None) -> 
 
 def expected_config(model: ModelConfig) -> dict[str, tuple[str, Any]]:
     """config.json key -> (the recipe field it must equal, its value) for an init_from folder."""
+    n_embd, n_head = field_path(model, "n_embd"), field_path(model, "n_head")
     return {
-        "hidden_size": ("model.n_embd", model.n_embd),
-        "num_hidden_layers": ("model.n_layer", model.n_layer),
-        "num_attention_heads": ("model.n_head", model.n_head),
-        "num_key_value_heads": ("model.n_kv_head", model.kv_heads),
-        "intermediate_size": ("model.intermediate_size", model.mlp_hidden_size),
-        "vocab_size": ("model.vocab_size", model.vocab_size),
-        "rope_theta": ("model.rope_theta", model.rope_theta),
-        "tie_word_embeddings": ("model.tie_embeddings", model.tie_embeddings),
-        "rms_norm_eps": ("model.norm_eps", model.norm_eps),
-        "head_dim": ("model.n_embd / model.n_head", model.n_embd // model.n_head),
+        "hidden_size": (n_embd, model.n_embd),
+        "num_hidden_layers": (field_path(model, "n_layer"), model.n_layer),
+        "num_attention_heads": (n_head, model.n_head),
+        "num_key_value_heads": (field_path(model, "n_kv_head"), model.kv_heads),
+        "intermediate_size": (field_path(model, "intermediate_size"), model.mlp_hidden_size),
+        "vocab_size": (field_path(model, "vocab_size"), model.vocab_size),
+        "rope_theta": (field_path(model, "rope_theta"), model.rope_theta),
+        "tie_word_embeddings": (field_path(model, "tie_embeddings"), model.tie_embeddings),
+        "rms_norm_eps": (field_path(model, "norm_eps"), model.norm_eps),
+        "head_dim": (f"{n_embd} / {n_head}", model.n_embd // model.n_head),
     }

@@ -1,0 +1,216 @@
+"""`plan` of the language model: its reference shapes for a bare parameter count (`--parameters 70e9`), its library
+recipes, the recipes it writes from them, its documented example and its model's refused settings. What plan
+computes for any task is tested over the toy task in tests/unit/test_plan.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import PROJECT, RECIPES, cli_env
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.recipe.load import load_recipe
+
+SHARDED = {"fsdp2", "zero3", "hsdp", "fsdp2_tp2", "fsdp2_tp4", "fsdp2_tp8"}
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    """The plan of a command line, as JSON."""
+    main(["plan", *args, "--json"])
+    return json.loads(capsys.readouterr().out)
+
+
+def recommended(capsys: pytest.CaptureFixture[str], *args: str) -> str | None:
+    plan = plan_json(capsys, *args)
+    return plan["recommended"] and plan["recommended"]["strategy"]
+
+
+def test_a_125m_model_on_a_node_of_80_gb_gpus_gets_ddp(capsys: pytest.CaptureFixture[str]) -> None:
+    assert recommended(capsys, "--parameters", "125e6", "--gpu", "A100-80GB", "--train.micro_batch_size", "8") == "ddp"
+
+
+def test_70b_on_8_nodes_of_8_x_80_gb_gets_a_sharded_strategy(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = plan_json(capsys, "--parameters", "70e9", "--gpu", "H100", "--num_nodes", "8")
+    assert plan["world_size"] == 64 and plan["recommended"]["strategy"] in SHARDED
+    fits = {option["strategy"]: option["fits"] for option in plan["options"]}
+    assert not fits["ddp"] and not fits["zero1"]
+
+
+def test_over_slow_links_between_nodes_a_pipeline_keeps_its_gathers_in_a_node_and_is_chosen(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """fsdp2_pp8 on 8 nodes: each stage's 8 ranks are one node, so only activations cross the slow links. A stage
+    holds its 10 blocks gathered and their fp32 gradients until the step's last piece: without activation
+    checkpointing that fits only split over 8 GPUs (fsdp2_pp8_tp8), which is chosen."""
+    args = ("--parameters", "70e9", "--gpu", "H100", "--num_nodes", "8", "--interconnect")
+    fast, slow = plan_json(capsys, *args, "infiniband"), plan_json(capsys, *args, "ethernet")
+    steps = {name: {o["strategy"]: o["step_time_lower_bound_s"] for o in plan["options"]}
+             for name, plan in [("ib", fast), ("eth", slow)]}  # fmt: skip
+    assert steps["eth"]["fsdp2"] / steps["ib"]["fsdp2"] == pytest.approx(400 / 12.5)  # its gathers cross the nodes
+    assert steps["eth"]["fsdp2_pp8"] == pytest.approx(steps["ib"]["fsdp2_pp8"])  # its gathers stay in a node
+    assert fast["recommended"]["strategy"] == "fsdp2"  # less than twice as quick: the cheapest stays
+    assert 2 * steps["ib"]["fsdp2_pp8"] > steps["ib"]["fsdp2"]
+    options = {option["strategy"]: option for option in slow["options"]}
+    assert options["fsdp2_pp8"]["activation_checkpointing"] and not options["fsdp2_pp8_tp8"]["activation_checkpointing"]
+    assert slow["recommended"]["strategy"] == "fsdp2_pp8_tp8"
+    assert "bound at 7.53 s against 358.40 s for fsdp2, the cheapest that fits" in slow["recommended"]["reason"]
+
+
+def test_70b_on_one_node_of_8_x_24_gb_gets_offload(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = plan_json(capsys, "--parameters", "70e9", "--gpu", "RTX-4090")
+    assert plan["recommended"]["strategy"] == "zero3_offload"
+    assert plan["recommended"]["activation_checkpointing"] is True
+    assert [option["strategy"] for option in plan["options"] if option["fits"]] == ["zero3_offload", "zero3_nvme"]
+    # Without the host RAM for it, only NVMe is left.
+    assert recommended(capsys, "--parameters", "70e9", "--gpu", "RTX-4090", "--host_memory_gib", "512") == "zero3_nvme"
+
+
+def test_a_model_whose_single_layer_does_not_fit_gets_tensor_parallel(capsys: pytest.CaptureFixture[str]) -> None:
+    # 262144 tokens through a layer with a 16x-wide MLP: one layer's activations alone exceed 80 GB.
+    long_and_wide = ["--model.n_layer", "2", "--model.n_embd", "4096", "--model.n_head", "32", "--model.mlp_ratio"]
+    long_and_wide += ["16", "--model.vocab_size", "256", "--model.block_size", "262144", "--gpu", "H100"]
+    plan = plan_json(capsys, *long_and_wide)
+    usable = plan["device"]["usable_bytes"]
+    for option in plan["options"]:
+        if "_tp" not in option["strategy"]:  # even checkpointed, one rebuilt layer is too much (pipelines too)
+            assert option["activation_bytes_with_checkpointing"] > usable and not option["fits"]
+    assert plan["recommended"]["strategy"].startswith("fsdp2_tp")
+    assert plan["recommended"]["tensor_parallel_size"] > 1
+
+
+def test_the_70b_recipes_pipeline_candidate_matches_a_hand_computation(capsys: pytest.CaptureFixture[str]) -> None:
+    """fsdp2_pp4_tp8 on 8 nodes x 8 GPUs: 4 stages of 20 Llama-70B blocks, each split over 8 GPUs and sharded over
+    the 2 copies of its stage; micro batch 8 in 8 pieces of one sequence under 1F1B."""
+    plan = plan_json(capsys, str(RECIPES / "llama-70b-pp-fsdp2-tp-multinode.yaml"), "--gpu", "H100")
+    option = next(option for option in plan["options"] if option["strategy"] == "fsdp2_pp4_tp8")
+    width, kv_width, hidden, vocab = 8192, 1024, 28672, 128256
+    block = (2 * width * width + 2 * width * kv_width + 3 * width * hidden) // 8 + 2 * width  # norms are not split
+    outside = 2 * vocab * width + width  # embedding, head, final norm: on the largest stage, not split
+    stage = 20 * block + outside
+    assert option["parameters_bytes"] == option["gradients_bytes"] == 2 * stage / 2  # bf16, over 2 data-parallel ranks
+    assert option["optimizer_bytes"] == 12 * stage / 2  # fp32 master weights, Adam's two moments
+    assert option["pipeline"] == {
+        "stages": 4,
+        "schedule": "1F1B",
+        "bubble_fraction": 3 / 11,  # (p - 1) / (m + p - 1)
+        "pieces_held_by_first_stage": 4,  # min(m, p)
+        "blocks_per_rank": 20,
+        "p2p_elements_per_micro_batch": 2 * 8192 * 8 * width,  # forward activations and backward gradients, s b h
+    }
+    # Until the step's last piece the stage holds its 20 blocks gathered (bf16) and their gradients (fp32).
+    assert option["runtime_extra_terms"] == {
+        "the stage's blocks, gathered until the step's last backward": 2 * 20 * block,
+        "their unsharded gradients, summed over the pieces": 4 * 20 * block,
+        "root (embeddings, head) gathered for the step": 2 * outside / 2,
+    }
+    zbv = next(option for option in plan["options"] if option["strategy"] == "fsdp2_pp4_tp8_zbv")
+    assert zbv["pipeline"] == {
+        "stages": 8,  # two per rank, in a V
+        "schedule": "ZBVZeroBubble",
+        "bubble_fraction": 0,  # 8 pieces >= 2p - 1 fill the V
+        "pieces_held_by_first_stage": 4,
+        "blocks_per_rank": 20,
+        "p2p_elements_per_micro_batch": 2 * 2 * 8192 * 8 * width,  # both stages send
+    }
+    bubbles = {o["strategy"]: o["pipeline"]["bubble_fraction"] for o in plan["options"] if o["pipeline"]}
+    assert bubbles["fsdp2_pp2"] == 1 / 9 and bubbles["fsdp2_pp8"] == 7 / 15 and bubbles["fsdp2_pp8_zbv"] == 7 / 15
+
+
+def assert_shown_as_printed(shown: object, printed: object, where: str) -> None:
+    """The documented example (docs/strategies.md) is the command's output trimmed: the same keys in the same order at every level,
+    each value as printed, a list its first elements, a string ending in '...' a shortened one."""
+    if isinstance(shown, dict):
+        assert isinstance(printed, dict) and list(shown) == list(printed), f"{where}: {list(shown)} != {list(printed)}"
+        for key in shown:
+            assert_shown_as_printed(shown[key], printed[key], f"{where}.{key}")
+    elif isinstance(shown, list):
+        assert isinstance(printed, list) and printed, where
+        for index, element in enumerate(shown):  # an option is shown with the one of its strategy
+            same = [item for item in printed if isinstance(item, dict) and item.get("strategy") == element["strategy"]]
+            assert_shown_as_printed(element, same[0] if same else None, f"{where}[{index}]")
+    elif isinstance(shown, str) and shown.endswith("..."):
+        kept = [part for part in shown.split("...") if part]
+        assert isinstance(printed, str) and all(part in printed for part in kept), f"{where}: {printed!r}"
+    else:
+        assert shown == printed, f"{where}: docs/strategies.md shows {shown!r}, the command prints {printed!r}"
+
+
+def test_the_documented_json_example_is_what_the_command_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    page = (PROJECT / "docs" / "strategies.md").read_text()
+    found = re.search(r"`--json` prints the plan as data \(here `plan ([^`]+)`.*?```json\n(.*?)```", page, re.S)
+    assert found, "docs/strategies.md's plan --json example"
+    command, example = found.groups()
+    arguments = command.split()
+    assert arguments[-1] == "--json"
+    assert_shown_as_printed(json.loads(example), plan_json(capsys, *arguments[:-1]), "plan")
+
+
+def test_a_cpu_recipe_speaks_of_cpu_processes_and_a_tiny_model_of_readable_units(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    main(["plan", "cpu-debug"])
+    out = capsys.readouterr().out
+    assert "GPU(s)" not in out and "2 CPU process(es)" in out
+    assert "0.00 B" not in out and "875.26 K parameters" in out and "MiB (2^20 bytes)" in out
+    assert "recommended: ddp (from recipe cpu-debug)" in out
+
+
+def test_write_fills_the_recommended_strategy_into_a_nested_recipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "mine.yaml"
+    main(["plan", "--parameters", "70e9", "--gpu", "RTX-4090", "--write", str(target)])
+    assert f"wrote {target}" in capsys.readouterr().out
+    recipe = yaml.safe_load(target.read_text())
+    assert target.read_text().startswith("# Written by")
+    assert recipe["strategy"]["name"] == "deepspeed"
+    assert recipe["strategy"]["deepspeed"] == {
+        "stage": 3,
+        "offload_optimizer": "cpu",
+        "offload_parameters": "cpu",
+        "nvme_path": None,
+    }
+    assert recipe["strategy"]["activation_checkpointing"] is True
+    assert (recipe["model"]["n_layer"], recipe["model"]["n_embd"], recipe["devices"]) == (80, 8192, 8)
+    assert "deepspeed_stage" not in recipe["strategy"] and "offload_optimizer" not in recipe["strategy"]
+
+
+def test_write_turns_a_recommended_pipeline_into_a_recipe_that_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The 70B recipe's activations fit only in a pipeline's stages: the written recipe runs one, one sample a piece."""
+    target = tmp_path / "mine.yaml"
+    main(["plan", str(RECIPES / "llama-70b-pp-fsdp2-tp-multinode.yaml"), "--gpu", "H100", "--write", str(target)])
+    assert "recommended: fsdp2_pp2_tp8_zbv" in capsys.readouterr().out  # the layout's quicker schedule: no bubble
+    recipe = load_recipe(target)  # the recipe checks pass
+    options = recipe.strategy.fsdp2
+    layout = options.pipeline_parallel_size, options.pipeline_schedule, options.pipeline_stages_per_rank
+    assert (*layout, options.tensor_parallel_size) == (2, "ZBVZeroBubble", 2, 8)
+    assert options.pipeline_microbatches == recipe.train.micro_batch_size == 8
+    assert recipe.eval.every_steps == 2000  # the library recipe's validation, which runs through the pipeline
+
+
+def test_plan_of_the_language_model_runs_without_importing_torch() -> None:
+    code = (
+        "import sys\n"
+        "from {{ cookiecutter.package_name }}.cli import dispatch\n"
+        "dispatch(['plan', 'fsdp2-large-node', '--json'])\n"
+        "assert 'torch' not in sys.modules, 'plan imported torch'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["recommended"]
+
+
+def test_a_head_count_that_does_not_divide_the_width_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "fsdp2-node", "--model.n_head", "7"])
+    err = capsys.readouterr().err.strip()
+    assert exited.value.code == 2
+    assert err.startswith("error: ") and "n_head" in err and len(err.splitlines()) == 1
