@@ -32,12 +32,25 @@ from ..errors import RecipeError
 from ..project import TASK
 from ..tasks import task_class
 
+# The machinery's commands, in the order `--help` lists them.
+NAMES = (
+    "train",
+    "check",
+    "rehearse",
+    "recipes",
+    "checkpoint",
+    "plan",
+    "slurm",
+    "submit",
+    "k8s",
+    "ray",
+    "report",
+    "data",
+)
 # command name -> the module that holds its parser and its body; one the project was generated without is skipped
 # (found without importing it, so that listing the commands imports none).
 COMMANDS: dict[str, str] = {
-    name: f"{__package__}.{name}"
-    for name in ("train", "check", "rehearse", "recipes", "checkpoint", "plan", "slurm", "submit", "k8s", "ray", "report", "data")
-    if find_spec(f"{__package__}.{name}") is not None
+    name: f"{__package__}.{name}" for name in NAMES if find_spec(f"{__package__}.{name}") is not None
 }
 
 

@@ -22,8 +22,8 @@ from jsonargparse import ArgumentParser
 from ..errors import RecipeError
 from ..recipe.library import find_recipe
 from ..recipe.load import parse_recipe, split_command_line
-from ..recipe.registry import strategy_for
 from ..recipe.schema import Recipe
+from ..strategies import strategy_for
 from ..tasks import task_for
 from . import first_line
 from .plan import plan_device
@@ -50,23 +50,11 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
     parser.add_argument("--json", action="store_true", help="Print the ranks' figures as JSON.")
 
 
-# What the rehearsal cannot build on fake tensors, and what to read instead.
-NOT_REHEARSED = {
-    "deepspeed": "DeepSpeed builds its engine on CUDA devices only; plan's ZeRO figures follow its memory estimator",
-    "fsdp": "Fabric builds FSDP1 on CUDA devices only; rehearse the same layout under strategy.name=fsdp2",
-}
-
-
 def check_rehearsable(recipe: Recipe) -> None:
     """Refuse, in one line, a recipe whose run cannot be built on the CPU's fake tensors."""
-    strategy = strategy_for(recipe)
-    if recipe.strategy.name in NOT_REHEARSED:
-        raise RecipeError(f"strategy.name={recipe.strategy.name}: not rehearsed: {NOT_REHEARSED[recipe.strategy.name]}")
-    if getattr(strategy, "pipeline_parallel_size", 1) > 1:
-        raise RecipeError(
-            "strategy.fsdp2.pipeline_parallel_size > 1: not rehearsed: torch's pipeline stages learn their neighbours'"
-            " shapes by exchanging them, which the fake process group does not carry"
-        )
+    problem = strategy_for(recipe).rehearsal_problem()
+    if problem:
+        raise RecipeError(problem)
 
 
 def default_ranks(recipe: Recipe) -> list[int]:
@@ -121,7 +109,9 @@ def planned(recipe: Recipe, device: Device) -> dict[str, float] | None:
         return None
     inputs = plan_inputs(recipe, cost, cost.parameters(), device, INTERCONNECTS["infiniband"], 0)
     result = estimate(Candidate(strategy, option), inputs, recipe.train.micro_batch_size)
-    states = torch_model_states(result.parameters_per_rank, recipe.precision, option.stage, result.data_parallel)
+    assert result.sizes is not None  # every estimate has them
+    shares = result.sizes
+    states = torch_model_states(shares.parameters, recipe.precision, option.stage, shares.data_parallel)
     checkpointed = recipe.strategy.activation_checkpointing
     activations = result.activations.checkpointed_peak if checkpointed else result.activations.held
     return {

@@ -10,8 +10,7 @@ Per device, each candidate holds:
 
     model states  the ZeRO paper's figure for its stage over its data-parallel ranks (offload: none on the GPU)
     runtime extra what the runtime adds to the paper (each family's `plan_runtime_terms`: gradient buckets,
-                  gathered layers, fp32 gradient copies), so the paper column can be checked against the
-                  paper and paper + extra against a measured run
+                  gathered layers, fp32 gradient copies); `rehearse` measures paper + extra on fake tensors
     activations   with and without checkpointing; the total uses checkpointing only where it is needed
 
 Communication per micro-batch step relative to ddp's gradient all-reduce (2 x parameters): 1x for ddp
@@ -127,8 +126,7 @@ class Estimate:
     comm_vs_ddp: float
     step_seconds: float | None
     pipeline: PipelineTerms | None = None  # bubble, pieces held, p2p: pipeline candidates only
-    parameters_per_rank: float = 0.0  # held by one rank before data-parallel sharding: its stage, its tensor share
-    data_parallel: int = 1  # ranks its model states are sharded over
+    sizes: PlanSizes | None = None  # what one rank holds before data-parallel sharding, and over how many ranks
 
     @property
     def runtime_extra(self) -> float:
@@ -224,20 +222,7 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
         fits = fits and offloaded <= inputs.host_memory_bytes
     comm, seconds = communication(candidate, inputs, micro_batch, local, data_parallel, checkpointing, pipeline)
     return Estimate(
-        candidate,
-        why_not,
-        paper,
-        offloaded,
-        terms,
-        acts,
-        checkpointing,
-        total,
-        fits,
-        comm,
-        seconds,
-        pipeline,
-        local,
-        data_parallel,
+        candidate, why_not, paper, offloaded, terms, acts, checkpointing, total, fits, comm, seconds, pipeline, sizes
     )
 
 

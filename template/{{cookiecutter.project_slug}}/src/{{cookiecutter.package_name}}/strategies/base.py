@@ -56,6 +56,7 @@ class TrainingStrategy:
     # Trains a model whose parameters are mostly frozen (adapters): the optimizer holds the trained ones only
     # (training/optim.py), frozen ones are replicated or sharded beside them, checkpoints keep the trained ones.
     trains_adapters: ClassVar[bool] = False
+    not_rehearsed: ClassVar[str] = ""  # why `rehearse` cannot build it on the CPU's fake tensors, if it cannot
 
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
@@ -90,6 +91,10 @@ class TrainingStrategy:
     def plan_options(self) -> list[PlanOption]:
         """The ways of holding the training state that `plan` compares for this family."""
         return []
+
+    def rehearsal_problem(self) -> str | None:
+        """Why `rehearse` cannot build this recipe's run on fake tensors (one line naming the field), or None."""
+        return f"strategy.name={self.name}: not rehearsed: {self.not_rehearsed}" if self.not_rehearsed else None
 
     def recipe_plan_option(self) -> PlanOption | None:
         """The plan option that is this recipe's own layout (what `rehearse` compares with); None: plan has none."""

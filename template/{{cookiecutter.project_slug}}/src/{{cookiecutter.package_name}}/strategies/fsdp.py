@@ -34,6 +34,7 @@ class FSDP1(TrainingStrategy):
     options_type = FsdpOptions
     checkpoint_layout = "own"
     supports_meta_init = True
+    not_rehearsed = "Fabric builds FSDP1 on CUDA devices only; rehearse the same layout under strategy.name=fsdp2"
 
     def check(self) -> None:
         config = self.config

@@ -178,6 +178,14 @@ class FSDP2(TrainingStrategy):
         ]
         return [sharded, *tensor_parallel, *pipeline]
 
+    def rehearsal_problem(self) -> str | None:
+        if self.pipeline_parallel_size > 1:
+            return (
+                "strategy.fsdp2.pipeline_parallel_size > 1: not rehearsed: torch's pipeline stages learn their"
+                " neighbours' shapes by exchanging them, which the fake process group does not carry"
+            )
+        return super().rehearsal_problem()
+
     def recipe_plan_option(self) -> PlanOption | None:
         """The recipe's own layout: its tensor-parallel size, pipeline stages and schedule."""
         import dataclasses

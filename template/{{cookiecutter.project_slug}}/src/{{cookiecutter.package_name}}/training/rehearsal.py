@@ -22,7 +22,7 @@ import sys
 from collections import Counter
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..recipe.load import parse_recipe
-from ..recipe.registry import strategy_for
+from ..strategies import strategy_for
 from ..tasks import task_for
 from .optim import build_optimizer
 from .run import build_fabric
@@ -122,7 +122,7 @@ def memory_tracker(model: Any, optimizer: Any) -> Any:
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(model, FSDPModule):  # a pipeline rank holds several sharded stages: the generic one tracks them
-        return FSDPMemTracker(model, optimizer)
+        return FSDPMemTracker(cast(Any, model), optimizer)
     tracker = MemTracker()
     tracker.track_external(model, optimizer)
     return tracker
@@ -184,8 +184,10 @@ def rehearse_rank(recipe: Any, rank: int) -> dict[str, Any]:
     with fake, RealWhereReal(), collectives:
         optimizer.step()
         optimizer_state = local_bytes(
-            value for state in torch_optimizer.state.values() for value in state.values() if torch.is_tensor(value)
-            and value.dim() > 0  # not AdamW's step counters (one scalar per tensor)
+            value
+            for state in torch_optimizer.state.values()
+            for value in state.values()
+            if torch.is_tensor(value) and value.dim() > 0  # not AdamW's step counters (one scalar per tensor)
         )
         optimizer.zero_grad(set_to_none=True)
     peak = tracker.get_tracker_snapshot("peak")
