@@ -11,7 +11,7 @@ from torch import nn
 
 from {{ cookiecutter.package_name }}.tasks.base import init_parameters
 
-from .task import MlpConfig, VectorData
+from .config import MlpConfig, VectorData
 
 
 class Block(nn.Module):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from {{ cookiecutter.package_name }}.precision import MIXED, activation_bytes
 from {{ cookiecutter.package_name }}.tasks.base import Activations
 
-from .task import MlpConfig
+from .config import MlpConfig
 
 
 @dataclass(frozen=True)

@@ -2,49 +2,25 @@
 
 It is what a user's own task looks like (tasks/base.py: the required methods, the model contract) and what the
 machinery's tests train when they need a task that is not the project's. As a task of the project, it imports
-torch only where it builds or runs something, so a recipe of it is checked without torch (model.py has the model).
+torch only where it builds or runs something, so a recipe of it is checked without torch (config.py has the
+recipe's sections, model.py the model).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from {{ cookiecutter.package_name }}.recipe.schema import Recipe
 from {{ cookiecutter.package_name }}.tasks import Splits, Task
 from {{ cookiecutter.package_name }}.tasks.base import ModelCost
+
+from .config import MlpConfig, VectorData, VectorRecipe
+
+__all__ = ["MlpConfig", "VectorData", "VectorRecipe", "VectorRegression"]  # the task with its recipe's sections
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
     from torchmetrics import Metric
-
-
-@dataclass
-class MlpConfig:
-    """A residual MLP: an input layer, `depth` blocks of width `width`, a linear head."""
-
-    inputs: int = 8
-    outputs: int = 4
-    width: int = 32
-    depth: int = 3
-
-
-@dataclass
-class VectorData:
-    """Random vectors x and targets y = W x + noise, W fixed by `seed`."""
-
-    samples: int = 512
-    noise: float = 0.01
-    seed: int = 0
-
-
-@dataclass
-class VectorRecipe(Recipe):
-    """A recipe of `task: vector_regression`."""
-
-    model: MlpConfig = field(default_factory=MlpConfig)
-    data: VectorData = field(default_factory=VectorData)
 
 
 class VectorRegression(Task):
