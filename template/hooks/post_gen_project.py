@@ -11,17 +11,15 @@ TASK = {{ cookiecutter.task | tojson }}
 PACKAGE = {{ cookiecutter.package_name | tojson }}
 # What only one task uses, beside its package src/<package>/tasks/<task>/ and its tests tests/tasks/<task>/; and, until
 # they train the toy task of tests/toy_task.py as test_resume and test_strategies do, the tests of the machinery
-# written around the language model (monitor, plan, strategy construction, refused inputs, mixed precision,
-# pipeline), the benchmarks and the GPU scripts.
+# written around the language model (monitor, plan, strategy construction, refused inputs, mixed precision), the
+# benchmarks and the GPU scripts.
 TASK_FILES = {
     "language_model": [
         "benchmarks",
         *(f"scripts/{name}.sh" for name in ("gpu_bench", "gpu_session")),
-        *(f"tests/unit/test_{name}.py" for name in ("observe", "plan", "strategy_recipes", "pipeline_stages")),
+        *(f"tests/unit/test_{name}.py" for name in ("observe", "plan", "strategy_recipes")),
         *(f"docs/{name}.md" for name in ("fine-tuning", "benchmarks")),
-        "tests/e2e/test_pipeline_lifecycle.py",
         *(f"tests/e2e/test_{name}.py" for name in ("benchmarks", "bad_input", "mixed_precision", "plan_written")),
-        "tests/e2e/test_pipeline.py",
     ],
     "image_classification": [],
 }
