@@ -43,11 +43,6 @@ TINY = [
     "--logger.log_every_steps",
     "1",
 ]
-# Two pipeline stages on the 2 processes: one data-parallel rank's micro-batch of 8 sequences, fed through in 4 pieces.
-PIPELINE = [
-    "--strategy.name", "fsdp2", "--strategy.fsdp2.pipeline_parallel_size", "2",
-    "--strategy.fsdp2.pipeline_microbatches", "4", "--train.micro_batch_size", "8",
-]  # fmt: skip
 {%- else %}
 # One 8x8 patch per digit, and a higher learning rate: the e2e tests that check learning see it within 30 steps
 # (with 2x2 patches the class token starts as an average of the patches, and the loss stays near ln 10 for
@@ -73,6 +68,12 @@ TINY = [
     "1",
 ]
 {%- endif %}
+# Two pipeline stages on the 2 processes of cpu-debug or toy-debug: one data-parallel rank's micro-batch of 8 samples,
+# fed through in 4 pieces.
+PIPELINE = [
+    "--strategy.name", "fsdp2", "--strategy.fsdp2.pipeline_parallel_size", "2",
+    "--strategy.fsdp2.pipeline_microbatches", "4", "--train.micro_batch_size", "8",
+]  # fmt: skip
 UNIT = "{% if cookiecutter.task == "language_model" %}token{% else %}image{% endif %}"  # what throughput counts
 
 
