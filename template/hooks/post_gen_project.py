@@ -9,18 +9,15 @@ INCLUDE_SLURM = {{ cookiecutter.include_slurm | tojson }} == "yes"
 LICENSE = {{ cookiecutter.license | tojson }}
 TASK = {{ cookiecutter.task | tojson }}
 PACKAGE = {{ cookiecutter.package_name | tojson }}
-# What only one task uses, beside its package src/<package>/tasks/<task>/ and its tests tests/tasks/<task>/; and, until
-# they train the toy task of tests/toy_task/ as test_resume and test_strategies do, the tests of the machinery
-# written around the language model (refused inputs, mixed precision, pipeline), the benchmarks and the GPU scripts.
+# What only one task uses, beside its package src/<package>/tasks/<task>/ and its tests tests/tasks/<task>/: the
+# language model's benchmarks (benchmarks/ times the loop, checkpoints and data on its GPT and token shards; their
+# test is tests/tasks/language_model/test_benchmarks.py), the GPU scripts that run them, and its docs pages. The
+# machinery's tests (tests/unit, tests/e2e) train the toy task of tests/toy_task/ and stay in every project.
 TASK_FILES = {
     "language_model": [
         "benchmarks",
         *(f"scripts/{name}.sh" for name in ("gpu_bench", "gpu_session")),
-        "tests/unit/test_pipeline_stages.py",
         *(f"docs/{name}.md" for name in ("fine-tuning", "benchmarks")),
-        "tests/e2e/test_pipeline_lifecycle.py",
-        *(f"tests/e2e/test_{name}.py" for name in ("benchmarks", "bad_input", "mixed_precision")),
-        "tests/e2e/test_pipeline.py",
     ],
     "image_classification": [],
 }

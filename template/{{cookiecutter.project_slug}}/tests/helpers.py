@@ -4,11 +4,15 @@ of what a run wrote. Test files import from here (`from helpers import ...`)."""
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import os
+import resource
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,11 +43,6 @@ TINY = [
     "--logger.log_every_steps",
     "1",
 ]
-# Two pipeline stages on the 2 processes: one data-parallel rank's micro-batch of 8 sequences, fed through in 4 pieces.
-PIPELINE = [
-    "--strategy.name", "fsdp2", "--strategy.fsdp2.pipeline_parallel_size", "2",
-    "--strategy.fsdp2.pipeline_microbatches", "4", "--train.micro_batch_size", "8",
-]  # fmt: skip
 {%- else %}
 # One 8x8 patch per digit, and a higher learning rate: the e2e tests that check learning see it within 30 steps
 # (with 2x2 patches the class token starts as an average of the patches, and the loss stays near ln 10 for
@@ -69,6 +68,12 @@ TINY = [
     "1",
 ]
 {%- endif %}
+# Two pipeline stages on the 2 processes of cpu-debug or toy-debug: one data-parallel rank's micro-batch of 8 samples,
+# fed through in 4 pieces.
+PIPELINE = [
+    "--strategy.name", "fsdp2", "--strategy.fsdp2.pipeline_parallel_size", "2",
+    "--strategy.fsdp2.pipeline_microbatches", "4", "--train.micro_batch_size", "8",
+]  # fmt: skip
 UNIT = "{% if cookiecutter.task == "language_model" %}token{% else %}image{% endif %}"  # what throughput counts
 
 
@@ -235,6 +240,81 @@ def fail_with(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: "), err
     return err
+
+
+def assert_one_line_refusal(code: int, stderr: str, message: str) -> None:
+    """Exit code 2 and one line on stderr, `error: ...` holding `message`, no traceback."""
+    assert code == 2, stderr
+    assert stderr.count("\n") == 1 and stderr.startswith("error: "), stderr
+    assert "Traceback" not in stderr
+    assert message in stderr, stderr
+
+
+# Runs every case in one process in which `import torch` fails: each must be refused before it.
+REFUSE_WITHOUT_TORCH = f"""
+import contextlib, io, json, sys, time
+sys.modules["torch"] = None  # any import of torch now raises ImportError
+from {PACKAGE}.cli import main
+
+results = dict()
+for case in json.load(open(sys.argv[1])):
+    err = io.StringIO()
+    started = time.perf_counter()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main(case["argv"])
+            code = 0
+        except SystemExit as exited:
+            code = exited.code
+        except BaseException as error:  # an import of torch, or a traceback: both fail the case
+            code, err = -1, io.StringIO(type(error).__name__ + ": " + str(error))
+    results[case["id"]] = dict(code=code, stderr=err.getvalue(), seconds=time.perf_counter() - started)
+print(json.dumps(results))
+"""
+
+
+def outcomes_without_torch(cases: dict[str, list[str]], folder: Path, source: Path | None = None) -> dict[str, dict]:
+    """case id -> {code, stderr, seconds} of each command line `cases[id]`, all run in one process where torch
+    cannot be imported (one process: the cases cost the package's import once). `source`: as for `run_cli`."""
+    listing = folder / "cases.json"
+    listing.write_text(json.dumps([{"id": case_id, "argv": argv} for case_id, argv in cases.items()]))
+    result = subprocess.run(
+        [sys.executable, "-c", REFUSE_WITHOUT_TORCH, str(listing)], env=cli_env(source), capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def folder_hashes(folder: Path) -> dict[str, str]:
+    """sha256 of every file under folder (empty when it does not exist)."""
+    if not folder.exists():
+        return {}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+def assert_refused_before_launch(
+    args: list[str], message: str, out_dir: Path, home: Path, source: Path | None = None, **environment: str
+) -> None:
+    """`python -m <package> ARGS` (with `environment` set) is refused in one line holding `message` within 10 CPU
+    seconds, and leaves out_dir and `home` (the test's folder, its HOME) as they were: nothing written or changed."""
+    watched = (out_dir, home)
+    before = {path: folder_hashes(path) for path in watched}
+    env = {**cli_env(source), "HOME": str(home), **environment}  # no ~/.netrc: no W&B login
+    # matplotlib (imported by torchmetrics when installed) keeps a font cache under HOME: not the run's writing.
+    env["MPLCONFIGDIR"] = tempfile.mkdtemp()
+    before_run = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = subprocess.run(
+        [sys.executable, "-m", PACKAGE, *args], env=env, capture_output=True, text=True, timeout=120
+    )
+    # The refusal's CPU seconds (importing torch is most of them): wall time on a shared machine measures its load.
+    after_run = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert (after_run.ru_utime - before_run.ru_utime) + (after_run.ru_stime - before_run.ru_stime) < 10
+    assert_one_line_refusal(result.returncode, result.stderr, message)
+    assert {path: folder_hashes(path) for path in watched} == before  # nothing written, nothing changed
+    if not before[out_dir]:
+        assert not out_dir.is_dir()
 
 
 def free_port() -> int:

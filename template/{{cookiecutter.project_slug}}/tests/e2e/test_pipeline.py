@@ -1,11 +1,12 @@
 """Pipeline parallel (strategy.fsdp2.pipeline_*) as real multi-process runs on CPU (gloo).
 
-Same seed, same global batch of 8 sequences: ddp (2 processes x 4) and a 2-stage pipeline (1 data-parallel
+Same seed, same global batch of 8 vectors: ddp (2 processes x 4) and a 2-stage pipeline (1 data-parallel
 rank x 8, fed through in 4 pieces) are the same computation, so their losses agree to float rounding under
-every schedule, and so do their validation losses (the same 16 held-out sequences, forward only through the
+every schedule, and so do their validation losses (the same 16 held-out vectors, forward only through the
 schedule on the pipeline). A stage keeps the whole model's parameter names, so its checkpoints resume without a
 pipeline, under another pipeline degree (2 ranks of 2 stages <-> 4 ranks of 1), and back; a NaN that only the
 last stage sees skips the update on every rank.
+The machinery's own test: it trains the toy task (tests/toy_task/), so it runs in every project.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from helpers import (
     losses_by_run,
     read_csv_metrics,
     run_cli,
-    train_args,
+    toy_train_args,
     train_each_layout_once,
     train_losses,
 )
@@ -33,7 +34,7 @@ from torch.distributed.checkpoint import FileSystemReader
 pytestmark = pytest.mark.slow
 
 STEPS = 8
-FOUR_BLOCKS = ["--model.n_layer", "4"]  # interleaved: 2 stages on each of 2 ranks, one block each
+FOUR_BLOCKS = ["--model.depth", "4"]  # interleaved: 2 stages on each of 2 ranks, one block each
 INTERLEAVED = [
     "--strategy.fsdp2.pipeline_schedule", "Interleaved1F1B", "--strategy.fsdp2.pipeline_stages_per_rank", "2",
 ]  # fmt: skip
@@ -41,10 +42,8 @@ INTERLEAVED = [
 ZERO_BUBBLE = ["--strategy.fsdp2.pipeline_schedule", "InterleavedZeroBubble"]
 ZBV = ["--strategy.fsdp2.pipeline_schedule", "ZBVZeroBubble", "--strategy.fsdp2.pipeline_stages_per_rank", "2"]
 FOUR_PROCESSES = ["--devices", "4", "--train.micro_batch_size", "4", "--strategy.fsdp2.pipeline_microbatches", "2"]
-LLAMA = ["--model.arch", "llama", "--model.bias", "false", "--model.n_head", "4", "--model.n_kv_head", "2"]
-LLAMA += ["--model.intermediate_size", "96"]
 HSDP = ["--strategy.name", "hsdp", "--num_nodes", "4", "--devices", "1", "--train.micro_batch_size", "4"]
-# name -> (overrides, nodes); every layout has a global batch of 8 sequences.
+# name -> (overrides of tests/toy-debug.yaml, nodes); every layout has a global batch of 8 vectors.
 LAYOUTS: dict[str, tuple[list[str], int]] = {
     "ddp": (["--strategy.name", "ddp"], 1),
     "pp_1f1b": (PIPELINE, 1),
@@ -55,13 +54,11 @@ LAYOUTS: dict[str, tuple[list[str], int]] = {
     "pp_zbv": ([*PIPELINE, *FOUR_BLOCKS, *ZBV], 1),
     # ZB-V over 2 data-parallel ranks a stage: its blocks stay gathered from forward to the weight half of backward.
     "pp_zbv_fsdp2": ([*PIPELINE, *FOUR_BLOCKS, *ZBV, *FOUR_PROCESSES], 1),
-    "ddp_llama": (["--strategy.name", "ddp", *LLAMA], 1),
-    "pp_llama": ([*PIPELINE, *LLAMA], 1),
-    # 4 processes: 2 stages x 2 data-parallel ranks (4 sequences each), or 2 stages x 2 tensor-parallel ranks.
+    # 4 processes: 2 stages x 2 data-parallel ranks (4 vectors each), or 2 stages x 2 tensor-parallel ranks.
     "pp_fsdp2": ([*PIPELINE, *FOUR_PROCESSES], 1),
     "pp_tp": ([*PIPELINE, "--devices", "4", "--strategy.fsdp2.tensor_parallel_size", "2"], 1),
     "pp4": ([*PIPELINE, *FOUR_BLOCKS, "--devices", "4", "--strategy.fsdp2.pipeline_parallel_size", "4"], 1),
-    # 4 nodes of 1 process: each stage spans 2 nodes and hsdp replicates it across them (4 sequences each).
+    # 4 nodes of 1 process: each stage spans 2 nodes and hsdp replicates it across them (4 vectors each).
     "pp_hsdp": ([*PIPELINE, *HSDP, "--strategy.fsdp2.pipeline_microbatches", "2"], 4),
     "fsdp2": ([], 1),
 }
@@ -72,9 +69,9 @@ SHARED = [
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+def trained(tmp_path_factory: pytest.TempPathFactory, toy_source: Path) -> Callable[[str], Path]:
     """name -> out_dir of that layout's run; each layout trains once per test session."""
-    return train_each_layout_once(tmp_path_factory, LAYOUTS, SHARED)
+    return train_each_layout_once(tmp_path_factory, LAYOUTS, SHARED, toy_train_args, toy_source)
 
 
 def validation_losses(out_dir: Path) -> dict[int, float]:
@@ -90,7 +87,7 @@ def validation_losses(out_dir: Path) -> dict[int, float]:
     ],
 )
 def test_pipeline_trains_and_validates_as_ddp_and_a_nan_on_its_last_stage_skips_every_rank(
-    tmp_path: Path, name: str, reference: str, last_stage: str
+    tmp_path: Path, toy_source: Path, name: str, reference: str, last_stage: str
 ) -> None:
     """Both runs see a NaN loss at step 3 on the rank of the pipeline's last stage (rank 1 under 1F1B, rank 0 under
     ZB-V): every rank skips that update, so the later steps and the validations at steps 4 and 8 still match; the
@@ -99,8 +96,8 @@ def test_pipeline_trains_and_validates_as_ddp_and_a_nan_on_its_last_stage_skips_
     for run in (reference, name):
         out_dir = tmp_path / run
         overrides, _ = LAYOUTS[run]
-        args = train_args(out_dir, *SHARED, *overrides, "--train.on_nonfinite_loss", "skip")
-        result = run_cli(*args, fault=f"nan-at-step:3:{last_stage}")
+        args = toy_train_args(out_dir, *SHARED, *overrides, "--train.on_nonfinite_loss", "skip")
+        result = run_cli(*args, fault=f"nan-at-step:3:{last_stage}", source=toy_source)
         assert result.returncode == 0, result.stderr[-3000:]
         assert "skipped" in result.stdout
         runs[run] = out_dir
@@ -126,7 +123,6 @@ def test_pipeline_trains_and_validates_as_ddp_and_a_nan_on_its_last_stage_skips_
         ("pp_zero_bubble", "ddp"),
         ("pp_zbv", "ddp_4_blocks"),
         ("pp_zbv_fsdp2", "ddp_4_blocks"),
-        ("pp_llama", "ddp_llama"),
         ("pp_fsdp2", "ddp"),
         ("pp_tp", "ddp"),
         ("pp4", "ddp_4_blocks"),
@@ -166,11 +162,12 @@ def test_hsdp_replicates_each_stage_across_the_nodes_it_spans(trained: Callable[
     ],
 )
 def test_checkpoint_resumes_with_and_without_a_pipeline(
-    tmp_path: Path, trained: Callable[[str], Path], saved_by: str, resumed_by: str
+    tmp_path: Path, toy_source: Path, trained: Callable[[str], Path], saved_by: str, resumed_by: str
 ) -> None:
     checkpoint = trained(saved_by) / "checkpoints" / "step-00000004"
     overrides, _ = LAYOUTS[resumed_by]
-    result = run_cli(*train_args(tmp_path, *SHARED, *overrides, "--checkpoint.resume", str(checkpoint)))
+    args = toy_train_args(tmp_path, *SHARED, *overrides, "--checkpoint.resume", str(checkpoint))
+    result = run_cli(*args, source=toy_source)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"Resumed from {checkpoint} at step 4" in result.stdout
     (resumed,) = losses_by_run(tmp_path)
@@ -179,11 +176,11 @@ def test_checkpoint_resumes_with_and_without_a_pipeline(
 
 
 @pytest.mark.matrix
-def test_killed_pipeline_run_resumes_bitwise(tmp_path: Path, trained: Callable[[str], Path]) -> None:
-    args = train_args(tmp_path, *SHARED, *LAYOUTS["pp_1f1b"][0], "--checkpoint.resume", "auto")
-    killed = run_cli(*args, fault="kill-at-step:6")
+def test_killed_pipeline_run_resumes_bitwise(tmp_path: Path, toy_source: Path, trained: Callable[[str], Path]) -> None:
+    args = toy_train_args(tmp_path, *SHARED, *LAYOUTS["pp_1f1b"][0], "--checkpoint.resume", "auto")
+    killed = run_cli(*args, fault="kill-at-step:6", source=toy_source)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    resumed = run_cli(*args)
+    resumed = run_cli(*args, source=toy_source)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "step-00000004 at step 4" in resumed.stdout
     expected = train_losses(trained("pp_1f1b"))

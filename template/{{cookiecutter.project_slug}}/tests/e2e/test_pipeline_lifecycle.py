@@ -5,6 +5,7 @@ preempted by a stop signal that only its last stage gets (it saves the step it s
 requeued), resumed and then SIGKILLed while a background save may still be in flight, resumed again to the
 end. Each life logs the losses of an uninterrupted pipeline run bit for bit, writes to the same W&B run,
 and the job ends with that run's weights.
+The machinery's own test: it trains the toy task (tests/toy_task/), so it runs in every project.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import PIPELINE, assert_same_weights, final_weights, losses_by_run, run_cli, train_args
+from helpers import PIPELINE, assert_same_weights, final_weights, losses_by_run, run_cli, toy_train_args
 
 from {{ cookiecutter.package_name }}.checkpoint.layout import find_latest
 from {{ cookiecutter.package_name }}.errors import ExitCode
@@ -36,10 +37,12 @@ KILLED_AT = 7  # one step after the background save of step 6 started
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[int, float], dict[str, torch.Tensor]]:
+def reference(
+    tmp_path_factory: pytest.TempPathFactory, toy_source: Path
+) -> tuple[dict[int, float], dict[str, torch.Tensor]]:
     """The uninterrupted pipeline run (saves in the foreground, CSV logs): (losses by step, final weights)."""
     out_dir = tmp_path_factory.mktemp("reference")
-    result = run_cli(*train_args(out_dir, *SHARED))
+    result = run_cli(*toy_train_args(out_dir, *SHARED), source=toy_source)
     assert result.returncode == 0, result.stderr[-3000:]
     (losses,) = losses_by_run(out_dir)
     assert sorted(losses) == list(range(1, MAX_STEPS + 1))
@@ -47,13 +50,13 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[int, float
 
 
 @pytest.fixture(scope="module")
-def lives(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[subprocess.CompletedProcess]]:
+def lives(tmp_path_factory: pytest.TempPathFactory, toy_source: Path) -> tuple[Path, list[subprocess.CompletedProcess]]:
     """(out_dir, [preempted, killed, finished]): the three lives of one pipeline job with W&B and async saves."""
     out_dir = tmp_path_factory.mktemp("job") / "run"
-    args = train_args(out_dir, *SHARED, "--logger.name", "wandb", "--checkpoint.async_save", "true")
-    preempted = run_cli(*args, fault=f"signal-at-step:{PREEMPTED_AT - 1}:USR1")
-    killed = run_cli(*args, fault=f"kill-at-step:{KILLED_AT}")
-    finished = run_cli(*args)
+    args = toy_train_args(out_dir, *SHARED, "--logger.name", "wandb", "--checkpoint.async_save", "true")
+    preempted = run_cli(*args, fault=f"signal-at-step:{PREEMPTED_AT - 1}:USR1", source=toy_source)
+    killed = run_cli(*args, fault=f"kill-at-step:{KILLED_AT}", source=toy_source)
+    finished = run_cli(*args, source=toy_source)
     return out_dir, [preempted, killed, finished]
 
 

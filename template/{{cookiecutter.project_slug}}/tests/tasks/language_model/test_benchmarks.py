@@ -1,5 +1,6 @@
-"""The benchmarks run against the current code (tiny sizes: a run, not a measurement; no timing is asserted),
-and what they count rather than time holds: host syncs per step, FSDP2's share of the training state."""
+"""The language model's benchmarks (benchmarks/: the loop, checkpoints and data timed on its GPT and token shards)
+run against the current code (tiny sizes: a run, not a measurement; no timing is asserted), and what they count
+rather than time holds: host syncs per step, FSDP2's share of the training state."""
 
 from __future__ import annotations
 
