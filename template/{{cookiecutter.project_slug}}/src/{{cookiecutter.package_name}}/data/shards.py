@@ -38,10 +38,16 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
 
 
 def load_manifest(
-    folder: Path, field: str, prepare_hint: str, format: int, kind: tuple[str, str] | None = None
+    folder: Path,
+    field: str,
+    prepare_hint: str,
+    format: int,
+    kind: tuple[str, str] | None = None,
+    needs: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """The manifest of a finished prepare of this `format` (and `kind`: its value and what to call such a folder);
-    refuses a missing folder, an unfinished prepare, an unreadable or foreign manifest."""
+    """The manifest of a finished prepare of this `format` (and `kind`: its value and what to call such a folder)
+    with the keys its reader `needs`; refuses a missing folder, an unfinished prepare, an unreadable or foreign
+    manifest."""
     where = f"{field}={str(folder)!r}"
     if not folder.is_dir():
         if folder.with_name(folder.name + ".partial").is_dir():
@@ -59,6 +65,8 @@ def load_manifest(
         raise RecipeError(f"{where}: not {kind[1]} ({MANIFEST} has no kind: {kind[0]})")
     if manifest.get("format") != format:
         raise RecipeError(f"{where}: {MANIFEST} has format {manifest.get('format')!r}, this code reads {format}")
+    if missing := [key for key in needs if key not in manifest]:
+        raise RecipeError(f"{where}: {MANIFEST} has no {', '.join(map(repr, missing))}: not a complete prepare")
     return manifest
 
 

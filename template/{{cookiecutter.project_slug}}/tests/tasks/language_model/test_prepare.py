@@ -266,6 +266,18 @@ def test_a_manifest_that_names_no_task_is_read_with_the_projects(prepared: Path,
     assert result.returncode == 0 and f"{older}: every file matches its manifest" in result.stdout, result.stderr
 
 
+def test_a_manifest_without_its_tokenizer_is_refused_in_one_line(prepared: Path, tmp_path: Path) -> None:
+    damaged = tmp_path / "damaged"
+    shutil.copytree(prepared, damaged)
+    manifest = json.loads((damaged / "manifest.json").read_text())
+    del manifest["tokenizer"]
+    (damaged / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RecipeError, match=r"manifest\.json has no 'tokenizer': not a complete prepare"):
+        open_prepared(damaged)
+    result = run_cli("data", "verify", str(damaged))
+    assert result.returncode == 2 and "has no 'tokenizer'" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_small_train_tokenizer_size_is_refused(tmp_path: Path, corpus: tuple[Path, list[str]]) -> None:
     result = run_cli(*prepare_args(corpus[0], tmp_path / "out", "--train_tokenizer", "100"))
     assert result.returncode == 2 and "needs at least 257 tokens" in result.stderr, result.stderr

@@ -148,7 +148,9 @@ def count_token(tokens: ShardedTokens, token: int) -> int:
 
 def read_manifest(folder: Path, field: str = DATA_PATH) -> dict[str, Any]:
     """The manifest of a complete prepared folder; refuses a missing, unfinished or foreign one."""
-    return load_manifest(folder, field, f"prepare INPUTS --out {folder}", FORMAT)
+    return load_manifest(
+        folder, field, f"prepare INPUTS --out {folder}", FORMAT, needs=("tokenizer", "dtype", "shards")
+    )
 
 
 def verify(folder: Path, manifest: dict[str, Any], checksums: bool = False, field: str = DATA_PATH) -> None:
