@@ -66,7 +66,8 @@ def main() -> None:
 
     import s3fs
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # moto's server, as the tests start it
+    tests = Path(__file__).resolve().parents[1] / "tests" / "tasks" / "language_model"
+    sys.path.insert(0, str(tests))  # moto's server, as the tests start it
     from s3 import s3_server
 
     waits: dict[str, list[float]] = {"local": [], "cold": [], "warm": []}
