@@ -317,6 +317,20 @@ def assert_refused_before_launch(
         assert not out_dir.is_dir()
 
 
+def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    """The plan of a command line (`plan ARGS --json`, in-process), as JSON."""
+    from {{ cookiecutter.package_name }}.cli import main
+
+    main(["plan", *args, "--json"])
+    return json.loads(capsys.readouterr().out)
+
+
+def recommended(capsys: pytest.CaptureFixture[str], *args: str) -> str | None:
+    """The strategy `plan` recommends for a command line, or None when nothing fits."""
+    plan = plan_json(capsys, *args)
+    return plan["recommended"] and plan["recommended"]["strategy"]
+
+
 def free_port() -> int:
     """A TCP port free on this machine now (for a rendezvous over loopback)."""
     with socket.socket() as sock:

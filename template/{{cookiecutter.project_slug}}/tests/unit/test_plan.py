@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import TOY_RECIPE, cli_env
+from helpers import TOY_RECIPE, cli_env, plan_json, recommended
 from toy_task.sizing import MlpShape
 
 from {{ cookiecutter.package_name }}.cli import main
@@ -58,17 +58,6 @@ ON_GPUS = [str(TOY_RECIPE), "--accelerator", "cuda", "--devices", "8", "--precis
 ON_GPUS += ["--strategy.process_group_backend", "nccl"]
 # A toy MLP of 21.5 B parameters (80 blocks of width 8192): too big for a whole copy per GPU.
 BIG = ["--model.width", "8192", "--model.depth", "80"]
-
-
-def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
-    """The plan of a command line, as JSON."""
-    main(["plan", *args, "--json"])
-    return json.loads(capsys.readouterr().out)
-
-
-def recommended(capsys: pytest.CaptureFixture[str], *args: str) -> str | None:
-    plan = plan_json(capsys, *args)
-    return plan["recommended"] and plan["recommended"]["strategy"]
 
 
 def test_a_small_model_on_a_node_of_80_gb_gpus_gets_ddp(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,23 +12,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import PROJECT, RECIPES, cli_env
+from helpers import PROJECT, RECIPES, cli_env, plan_json, recommended
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.recipe.load import load_recipe
 
 SHARDED = {"fsdp2", "zero3", "hsdp", "fsdp2_tp2", "fsdp2_tp4", "fsdp2_tp8"}
-
-
-def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
-    """The plan of a command line, as JSON."""
-    main(["plan", *args, "--json"])
-    return json.loads(capsys.readouterr().out)
-
-
-def recommended(capsys: pytest.CaptureFixture[str], *args: str) -> str | None:
-    plan = plan_json(capsys, *args)
-    return plan["recommended"] and plan["recommended"]["strategy"]
 
 
 def test_a_125m_model_on_a_node_of_80_gb_gpus_gets_ddp(capsys: pytest.CaptureFixture[str]) -> None:
