@@ -52,6 +52,9 @@ class FSDP2(TrainingStrategy):
     supports_meta_init = True
     trains_adapters = True  # fully_shard shards frozen and trained parameters of a block together
     hybrid = False  # hsdp: shard inside a node, replicate across nodes
+    # A micro-batch whose pieces' shapes `setup` gives the pipeline's stages (`give_stages_shapes_of`); without one the
+    # stages exchange them at the first step.
+    shapes_batch: Any = None
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -178,14 +181,6 @@ class FSDP2(TrainingStrategy):
         ]
         return [sharded, *tensor_parallel, *pipeline]
 
-    def rehearsal_problem(self) -> str | None:
-        if self.pipeline_parallel_size > 1:
-            return (
-                "strategy.fsdp2.pipeline_parallel_size > 1: not rehearsed: torch's pipeline stages learn their"
-                " neighbours' shapes by exchanging them, which the fake process group does not carry"
-            )
-        return super().rehearsal_problem()
-
     def recipe_plan_option(self) -> PlanOption | None:
         """The recipe's own layout: its tensor-parallel size, pipeline stages and schedule."""
         import dataclasses
@@ -271,6 +266,12 @@ class FSDP2(TrainingStrategy):
             parts = build_stages(build, self.stage_split, self.stage_indices, self.config.meta_init)
         return PipelineRank(parts)
 
+    def give_stages_shapes_of(self, batch: Any) -> None:
+        """Have `setup` give each pipeline stage what crosses into and out of it for the pieces of `batch` (a
+        micro-batch), worked out here, so the stages exchange nothing but activations and gradients: as `rehearse`
+        needs, whose fake process group carries no objects."""
+        self.shapes_batch = batch
+
     def setup(self, fabric: Fabric, model: nn.Module, make_optimizer: MakeOptimizer) -> tuple[Any, Any, Any]:
         from .pipeline import PipelineRank, Schedule
 
@@ -288,8 +289,21 @@ class FSDP2(TrainingStrategy):
                 options.pipeline_schedule,
                 options.pipeline_microbatches,
                 self.task.loss,
+                shapes=self.stage_shapes(model.module) if self.shapes_batch is not None else None,
             )
         return model, optimizer, optimizer
+
+    def stage_shapes(self, model: nn.Module) -> list[Any]:
+        """Each stage's inputs and outputs for one piece of `shapes_batch`, in the dtype the stages compute in."""
+        from ..precision import mixed_precision_policy
+        from .pipeline import as_arguments, stage_boundaries
+
+        inputs = as_arguments(self.task.split_batch(self.shapes_batch)[0])
+        piece = self.recipe.train.micro_batch_size // self.options.pipeline_microbatches
+        held = next(model.parameters()).dtype
+        dtype = mixed_precision_policy(self.recipe.precision).param_dtype or held
+        build = partial(checked_model, self.task)
+        return stage_boundaries(build, self.stage_split, tuple(x[:piece] for x in inputs), dtype)
 
     @contextmanager
     def no_backward_sync(self, fabric: Fabric, model: Any, enabled: bool) -> Iterator[None]:

@@ -167,6 +167,37 @@ def build_stages(
     return stages
 
 
+# A stage's inputs and outputs for one piece of a micro-batch, as meta tensors (their shapes, dtypes and strides).
+StageShapes = tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]
+
+
+def stage_boundaries(
+    build: Callable[[], nn.Module], split: Sequence[int], inputs: tuple[torch.Tensor, ...], dtype: torch.dtype
+) -> list[StageShapes]:
+    """What crosses into and out of each stage for one piece (`inputs`: the first stage's), without a peer.
+
+    Read off the whole model built on the meta device and run on the piece, its floating parameters and inputs in
+    `dtype` (what fully_shard's mixed-precision policy computes in), at the last block of each stage but the last:
+    a stage's output is its last block's, and the next stage's input. Meta tensors carry the shapes alone, so this
+    runs past any dispatch mode (under a rehearsal's fake tensors the same forward costs several times as much).
+    """
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    crossing: list[tuple[torch.Tensor, ...]] = []
+    with _disable_current_modes(), torch.device("meta"), torch.no_grad():
+        model: Any = build()
+        for param in model.parameters():  # not the buffers: fully_shard's policy leaves them (rotary tables) as built
+            if param.is_floating_point():
+                param.data = param.data.to(dtype)
+        for end in [indices[-1] for indices in block_ranges(split)][:-1]:
+            model.blocks[end].register_forward_hook(lambda module, args, output: crossing.append(as_arguments(output)))
+        pieces = tuple(torch.empty(x.shape, dtype=x.dtype) for x in inputs)
+        crossing.append(as_arguments(model(*(x.to(dtype) if x.is_floating_point() else x for x in pieces))))
+        # What crosses is an activation, which backward flows through.
+        crossing = [tuple(t.detach().requires_grad_(t.is_floating_point()) for t in ts) for ts in crossing]
+    return [(pieces if stage == 0 else crossing[stage - 1], crossing[stage]) for stage in range(len(split))]
+
+
 class Schedule:
     """The pipeline schedule of a rank's stages: one call runs forward and backward of every piece of a micro-batch."""
 
@@ -180,7 +211,10 @@ class Schedule:
         schedule: str,
         microbatches: int,
         loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        shapes: Sequence[StageShapes] | None = None,
     ) -> None:
+        """`shapes`: every stage's inputs and outputs (`stage_boundaries`); without them torch's stages learn their
+        neighbours' at the first step, by exchanging them."""
         from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining.schedules import get_schedule_class
 
@@ -191,10 +225,10 @@ class Schedule:
         self.scale = 1.0
         self.adjust: Callable[[torch.Tensor], torch.Tensor] = lambda value: value
         self.measure: Callable[[torch.Tensor, torch.Tensor], None] | None = None  # set while validating
-        pipeline_stages = [
-            PipelineStage(stage, index, num_stages, device, group=self.group)
-            for stage, index in zip(stages, indices, strict=True)
-        ]
+        pipeline_stages = []
+        for stage, index in zip(stages, indices, strict=True):
+            inputs, outputs = shapes[index] if shapes else (None, None)
+            pipeline_stages.append(PipelineStage(stage, index, num_stages, device, inputs, outputs, group=self.group))
         schedule_class = get_schedule_class(schedule)
         # The loss below is already divided by the number of pieces: gradients are not scaled again.
         self.schedule = schedule_class(
@@ -204,6 +238,10 @@ class Schedule:
             scale_grads=False,
         )
         self.forward_only = forward_only_actions(self.schedule) if schedule in V_SCHEDULES else None
+        if shapes:
+            # Before its first step each stage votes, over P2P, whether it was given its shapes; every stage was, so
+            # the vote can only come out "static": set that, and the schedule runs with no exchange but the pieces'.
+            self.schedule._warmup_p2p = skip_shape_vote  # type: ignore[method-assign]
 
     def piece_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The loss of one piece as backward sees it: its share of the step's mean. While validating, the
@@ -247,6 +285,14 @@ class Schedule:
             self.measure = None
             if self.forward_only is not None:
                 schedule.pipeline_order_with_comms = trained
+
+
+def skip_shape_vote(stages: list[Any], has_backward: bool, p2p_done: bool) -> None:
+    """The outcome of torch's warm-up vote when every stage was given its shapes: each runs on them."""
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    for stage in stages:
+        stage._inference_mode = InferenceMode.STATIC
 
 
 def as_arguments(inputs: Any) -> tuple[Any, ...]:
