@@ -9,8 +9,9 @@ By default the ranks that differ are rehearsed: the first and the last, and the 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
-import subprocess
+import re
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -80,20 +81,41 @@ def chosen_ranks(text: str | None, recipe: Recipe) -> list[int]:
 
 
 def rehearse_ranks(recipe_argv: list[str], ranks: list[int]) -> list[dict[str, Any]]:
-    """Each rank in a process of its own (as many at once as there are cores); their results in rank order."""
-    root = __package__.rsplit(".", 1)[0]
+    """Each rank in a process of its own (as many at once as there are cores), forked from one that imported torch
+    and the rehearsal once (seconds a rank need not spend again); their results in rank order."""
+    processes = multiprocessing.get_context("forkserver")
+    processes.set_forkserver_preload([f"{__package__.rsplit('.', 1)[0]}.training.rehearsal"])
 
     def one(rank: int, folder: Path) -> dict[str, Any]:
-        out = folder / f"rank-{rank}.json"
-        command = [sys.executable, "-m", f"{root}.training.rehearsal", str(rank), str(out), *recipe_argv]
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0 or not out.is_file():
-            lines = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()]
-            raise RecipeError(f"rank {rank}: the rehearsal failed: {lines[-1] if lines else done.returncode}")
+        out, log = folder / f"rank-{rank}.json", folder / f"rank-{rank}.log"
+        process = processes.Process(target=rank_process, args=(rank, out, log, recipe_argv))
+        process.start()
+        process.join()
+        if process.exitcode != 0 or not out.is_file():
+            why = last_error(log.read_text() if log.is_file() else "", process.exitcode)
+            raise RecipeError(f"rank {rank}: the rehearsal failed: {why}")
         return json.loads(out.read_text())
 
     with tempfile.TemporaryDirectory(prefix="rehearsal-") as folder, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         return list(pool.map(lambda rank: one(rank, Path(folder)), ranks))
+
+
+def rank_process(rank: int, out: Path, log: Path, recipe_argv: list[str]) -> None:
+    """One rank's process: what it prints goes to `log`, its figures to `out`."""
+    with log.open("w") as sink:
+        os.dup2(sink.fileno(), sys.stdout.fileno())
+        os.dup2(sink.fileno(), sys.stderr.fileno())
+    from ..training.rehearsal import rehearse_to_file
+
+    rehearse_to_file(rank, out, recipe_argv)
+
+
+def last_error(output: str, exitcode: int | None) -> str:
+    """The line of a failed rank's output that says why: its last exception, without torch's `[rankN]:` prefix."""
+    lines = [re.sub(r"^\[rank\d+\]:", "", line).strip() for line in output.splitlines()]
+    lines = [line for line in lines if line]
+    errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): \S", line)]
+    return (errors or lines or [f"exit code {exitcode}"])[-1]
 
 
 def planned(recipe: Recipe, device: Device) -> dict[str, float] | None:

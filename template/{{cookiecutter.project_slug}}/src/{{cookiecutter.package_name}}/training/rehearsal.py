@@ -20,6 +20,7 @@ import json
 import os
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -31,6 +32,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..recipe.load import parse_recipe
 from ..strategies import strategy_for
+from ..strategies.pipeline import PipelineRank
 from ..tasks import task_for
 from .optim import build_optimizer
 from .run import build_fabric
@@ -49,6 +51,8 @@ class Collectives(TorchDispatchMode):
         self.bytes: Counter[str] = Counter()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if (device := answered_device(func, args)) is not None:
+            return device
         out = func(*args, **(kwargs or {}))
         if func.namespace in COLLECTIVE_NAMESPACES and not func.__name__.startswith("wait"):
             name = func.__name__.split(".")[0].strip("_").removesuffix("_")
@@ -57,17 +61,47 @@ class Collectives(TorchDispatchMode):
             self.bytes[name] += max((t.numel() * t.element_size() for t in tensors), default=0)
         return out
 
+    def repeat(self, times: int) -> None:
+        """Count what was issued so far `times` times in all."""
+        for counter in (self.counts, self.bytes):
+            for name in counter:
+                counter[name] *= times
+
+
+def answered_device(func: Any, args: Any) -> torch.device | None:
+    """The device of a fake tensor, which `tensor.device` asks of every dispatch mode (half of what they see): answered
+    by the first mode, as the fake tensor answers it below them all; None for any other operator."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if func is not torch.ops.prim.device.default or not isinstance(tensor := args[0], FakeTensor):
+        return None
+    return None if tensor.fake_mode.in_kernel_invocation else tensor.fake_device
+
+
+def tensors_in(values: Sequence[Any]) -> list[torch.Tensor]:
+    """The tensors among an operator's arguments, in lists too (torch's tree_flatten, without its cost: it runs for
+    every operator)."""
+    found: list[torch.Tensor] = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(tensors_in(value))
+    return found
+
 
 class RealWhereReal(TorchDispatchMode):
     """Under fake tensors, the integer bookkeeping stays real: an operator whose tensors are all real runs for real
     (the device mesh's rank tables, which torch indexes by their values), and so does a new tensor of integers made
-    from nothing (the pipeline's warm-up vote, read on the host). The model's tensors and every float stay fake."""
+    from nothing (the step decision's flags, read on the host). The model's tensors and every float stay fake."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
+        if (device := answered_device(func, args)) is not None:
+            return device
         kwargs = kwargs or {}
-        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        tensors = tensors_in((*args, *kwargs.values()))
         if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
@@ -76,6 +110,11 @@ class RealWhereReal(TorchDispatchMode):
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
         return out
+
+
+def total(snapshot: dict[Any, dict[str, int]]) -> int:
+    """The bytes of a memory tracker's snapshot (its one device's)."""
+    return max((int(device.get("Total", 0)) for device in snapshot.values()), default=0)
 
 
 def local_bytes(tensors: Any) -> int:
@@ -116,14 +155,57 @@ def become_rank(rank: int, recipe: Any) -> None:
 
 
 def memory_tracker(model: Any, optimizer: Any) -> Any:
-    """torch's FSDP-aware tracker where fully_shard sharded the model as one, its generic one otherwise."""
+    """torch's FSDP-aware tracker where fully_shard sharded the model as one, its generic one otherwise (without its
+    module hooks for a pipeline's stages: `storage_tracker`)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.fsdp import FSDPModule
 
-    if isinstance(model, FSDPModule):  # a pipeline rank holds several sharded stages: the generic one tracks them
+    if isinstance(model, FSDPModule):
         return FSDPMemTracker(cast(Any, model), optimizer)
+    if isinstance(model, PipelineRank):  # several stages, each sharded as a model of its own
+        return storage_tracker(model, optimizer)
     tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    return tracker
+
+
+class ShardingUnseen:
+    """DTensor works out an operator's output sharding by running the operator on fake tensors of the global shapes, in
+    the fake mode it finds active: in a rehearsal, the rehearsal's own, where torch's memory trackers count what runs
+    (on GPUs the fake mode is one of its own, which they pass over). Set as the lock DTensor holds meanwhile, this has
+    the tracker pass over it here too: a tracker counts only what runs in the fake mode it was entered in."""
+
+    def __init__(self, tracker: Any) -> None:
+        self.tracker = tracker
+        self.entered: list[Any] = []  # the tracker's own fake mode, put back on leaving
+
+    def __enter__(self) -> None:
+        self.entered.append(self.tracker._fake_mode_on_entry)
+        self.tracker._fake_mode_on_entry = None
+
+    def __exit__(self, *args: object) -> None:
+        self.tracker._fake_mode_on_entry = self.entered.pop()
+
+
+def storage_tracker(model: Any, optimizer: Any) -> Any:
+    """torch's generic tracker without its per-module hooks, for a pipeline's stages: they run each module once per
+    piece, which the hooks take for the next step, and the zero-bubble schedules take input gradients with
+    autograd.grad, which the hooks cannot follow (torch refuses the stage's input, a leaf, there). Every tensor's
+    storage is tracked still, so the peak is; it is held apart as parameters, optimizer state and the rest by pass
+    (forward: activations, backward: temporaries, fully_shard's gradients among them)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed._tools.mod_tracker import ModTracker
+
+    class Unhooked(ModTracker):
+        def __enter__(self) -> Unhooked:
+            return self
+
+        def __exit__(self, *args: object) -> None:
+            return None
+
+    tracker = MemTracker()
+    tracker._mod_tracker = Unhooked()
     tracker.track_external(model, optimizer)
     return tracker
 
@@ -150,6 +232,7 @@ def count_ddp_buckets(model: Any, collectives: Collectives) -> None:
 def rehearse_rank(recipe: Any, rank: int) -> dict[str, Any]:
     """Rank `rank` of the recipe's run built and stepped once on fake tensors; what it held and sent."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
     become_rank(rank, recipe)
     task, strategy = task_for(recipe), strategy_for(recipe)
@@ -161,21 +244,30 @@ def rehearse_rank(recipe: Any, rank: int) -> dict[str, Any]:
     fabric.seed_everything(recipe.train.seed)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with fake, RealWhereReal():
+        batch = task.example_batch(recipe.train.micro_batch_size)
+        if callable(give_shapes := getattr(strategy, "give_stages_shapes_of", None)):
+            give_shapes(batch)  # a pipeline's stages cannot exchange their shapes over the fake process group
         model = strategy.build_model(fabric)
         model, optimizer, _ = strategy.setup(fabric, model, partial(build_optimizer, config=recipe.train))
-        batch = task.example_batch(recipe.train.micro_batch_size)
     module = getattr(model, "module", model)
     torch_optimizer = getattr(optimizer, "optimizer", optimizer)
     parameters = local_bytes(module.parameters())
     tracker, collectives = memory_tracker(module, torch_optimizer), Collectives()
+    ShardingPropagator._fake_mode_lock = ShardingUnseen(tracker)  # type: ignore[assignment]
     count_ddp_buckets(model, collectives)
     accumulate = recipe.train.grad_accum_steps
+    # A pipeline's micro-batch is its schedule over every piece, by far the most to rehearse, and the step's later
+    # micro-batches run that schedule again with one difference: the gradients the first reduced are held through
+    # them. One is run; the others' collectives are counted, and their peak is its peak with those gradients held.
+    rehearsed = 1 if isinstance(module, PipelineRank) else accumulate
     with fake, RealWhereReal(), tracker, collectives:
-        for micro_step in range(accumulate):
+        for micro_step in range(rehearsed):
             with strategy.no_backward_sync(fabric, model, enabled=micro_step < accumulate - 1):
                 strategy.forward_backward(fabric, model, fabric.to_device(batch), accumulate, lambda loss: loss)
             tracker.reset_mod_stats()  # per-module figures of one micro-batch; the peak is kept across them
+        collectives.repeat(accumulate // rehearsed)
         gradients = local_bytes(p.grad for p in module.parameters() if p.grad is not None)
+        micro_batch_peak = total(tracker.get_tracker_snapshot("peak")) + (gradients if rehearsed < accumulate else 0)
         decide(fabric, torch.zeros(()), recipe.train.on_nonfinite_loss, 0, False)  # its flags stay real
         strategy.clip(fabric, model, optimizer, max_norm=recipe.train.grad_clip)
     # The step itself runs outside the tracker: fused AdamW updates in place on a GPU, while its fake kernel
@@ -198,20 +290,24 @@ def rehearse_rank(recipe: Any, rank: int) -> dict[str, Any]:
         "parameters_bytes": parameters,
         "gradients_bytes": gradients,
         "optimizer_bytes": optimizer_state,
-        "peak_bytes": max(int(device.get("Total", 0)) for device in peak.values()) + optimizer_state,
+        "peak_bytes": max(total(peak), micro_batch_peak) + optimizer_state,
         "peak_by_kind": {str(kind): int(size) for device in peak.values() for kind, size in device.items()},
         "collectives": counts,
         "collective_bytes": sent,
     }
 
 
-def main() -> None:
-    """`python -m <package>.training.rehearsal RANK OUT_JSON RECIPE_ARGS...` (started by `rehearse`)."""
-    rank, out = int(sys.argv[1]), Path(sys.argv[2])
-    recipe = parse_recipe(sys.argv[3:], "rehearse")
-    result = rehearse_rank(recipe, rank)
-    out.write_text(json.dumps(result))
+def rehearse_to_file(rank: int, out: Path, recipe_argv: list[str]) -> None:
+    """Rehearse rank `rank` of the recipe that `recipe_argv` gives, its figures written to `out` as JSON."""
+    recipe = parse_recipe(recipe_argv, "rehearse")
+    out.write_text(json.dumps(rehearse_rank(recipe, rank)))
     dist.destroy_process_group()
+
+
+def main() -> None:
+    """`python -m <package>.training.rehearsal RANK OUT_JSON RECIPE_ARGS...`: one rank, by hand (`rehearse` forks its
+    ranks from a process that imported this module once)."""
+    rehearse_to_file(int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:])
 
 
 if __name__ == "__main__":
