@@ -76,6 +76,95 @@ def test_one_step_issues_the_collectives_of_fully_shard_per_block(rehearsal: dic
         assert rank["peak_bytes"] > rank["parameters_bytes"] + rank["gradients_bytes"] + rank["optimizer_bytes"]
 
 
+PIPELINE = ["--strategy.fsdp2.pipeline_parallel_size", "2"]
+ZBV = ["--strategy.fsdp2.pipeline_schedule", "ZBVZeroBubble", "--strategy.fsdp2.pipeline_stages_per_rank", "2"]
+# The toy recipe's micro-batch of 4 vectors fed through in 4 pieces of one vector, 2 micro-batches a step.
+MICRO_BATCH, PIECES, ACCUMULATE = 4, 4, 2
+
+
+def stage_shapes(config: MlpConfig, stage: int, stages: int) -> list[tuple[int, ...]]:
+    """The parameter shapes pipeline stage `stage` of `stages` holds: an even share of the blocks (as the balanced split
+    gives the toy's equal blocks when they divide), and the input layer on the first stage, the head on the last."""
+    every = shapes(config)
+    per_block, per_stage = len(every[2:-2]) // config.depth, config.depth // stages
+    blocks = every[2 + per_block * per_stage * stage : 2 + per_block * per_stage * (stage + 1)]
+    return (every[:2] if stage == 0 else []) + blocks + (every[-2:] if stage == stages - 1 else [])
+
+
+def stages_of(pipeline_rank: int, size: int, per_rank: int, schedule: str) -> list[int]:
+    """The stages a pipeline rank holds: in a V, its rank and its mirror; else every size-th from its rank."""
+    if schedule == "ZBVZeroBubble":
+        return [pipeline_rank, 2 * size - 1 - pipeline_rank]
+    return [pipeline_rank + size * round_ for round_ in range(per_rank)]
+
+
+def sends_per_piece(held: list[int], stages: int) -> int:
+    """What a rank sends for each piece: each stage's output to the next stage and its input gradient to the one
+    before, where that stage is on another rank (it receives as many: the activations in, the gradients back)."""
+    return sum((stage + 1 < stages and stage + 1 not in held) + (stage > 0 and stage - 1 not in held) for stage in held)
+
+
+@pytest.mark.slow
+def test_a_pipeline_stages_ranks_hold_its_blocks_shards_and_send_each_piece_once_per_boundary(toy_source: Path) -> None:
+    """1F1B over 2 stages of 2 blocks on 64 ranks (32 data-parallel ranks a stage), each micro-batch in 4 pieces, 2
+    micro-batches a step: the first rank of each stage and the last hold fully_shard's shards of their stage's
+    parameters, to the byte, and send one activation forward (stage 0) or one gradient back (stage 1) per piece."""
+    layout = [*LAYOUT, "--model.depth", "4", *PIPELINE, "--strategy.fsdp2.pipeline_microbatches", str(PIECES)]
+    result = run_cli(
+        "rehearse", str(TOY_RECIPE), *layout, "--train.grad_accum_steps", str(ACCUMULATE), "--json", source=toy_source
+    )
+    assert result.returncode == 0, result.stderr
+    rehearsal = json.loads(result.stdout)
+    assert [rank["rank"] for rank in rehearsal["ranks"]] == [0, 32, 63]  # the first of each stage, the last
+    config = MlpConfig(width=WIDTH, depth=4)
+    piece_bytes = MICRO_BATCH // PIECES * WIDTH * 4  # a piece of the residual stream, fp32
+    for rank in rehearsal["ranks"]:
+        stage, shard = divmod(rank["rank"], 32)
+        assert rank["mesh"] == {"pipeline": stage, "data_parallel": shard, "tensor_parallel": 0}
+        held = stage_shapes(config, stage, 2)
+        expected = 4 * sum(fully_shard_elements(shape, shard, 32) for shape in held)
+        assert rank["parameters_bytes"] == expected
+        assert rank["gradients_bytes"] == expected
+        assert rank["optimizer_bytes"] == 2 * expected
+        for direction in ("send", "recv"):
+            assert rank["collectives"][direction] == PIECES * ACCUMULATE
+            assert rank["collective_bytes"][direction] == PIECES * ACCUMULATE * piece_bytes
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+@pytest.mark.parametrize(
+    ("schedule", "per_rank"),
+    [
+        ("GPipe", 1),
+        ("1F1B", 1),
+        ("Interleaved1F1B", 2),
+        ("InterleavedZeroBubble", 1),
+        ("InterleavedZeroBubble", 2),
+        ("ZBVZeroBubble", 2),
+    ],
+)
+def test_every_schedule_rehearses_its_stages_and_sends_what_it_implies(
+    toy_source: Path, schedule: str, per_rank: int
+) -> None:
+    """2 ranks of one stage each, or two (looped, or in a V): each rank holds its stages' blocks whole (no data
+    parallel) and sends per piece one activation or gradient for each boundary between its stages and another rank's."""
+    stages, depth = 2 * per_rank, 4
+    layout = [
+        *PIPELINE, "--strategy.fsdp2.pipeline_schedule", schedule, "--strategy.fsdp2.pipeline_stages_per_rank",
+        str(per_rank), "--strategy.fsdp2.pipeline_microbatches", str(PIECES), "--model.depth", str(depth),
+    ]  # fmt: skip
+    result = run_cli("rehearse", str(TOY_RECIPE), *layout, "--json", source=toy_source)
+    assert result.returncode == 0, result.stderr
+    config = MlpConfig(depth=depth)
+    for rank in json.loads(result.stdout)["ranks"]:
+        held = stages_of(rank["rank"], 2, per_rank, schedule)
+        elements = sum(math.prod(shape) for stage in held for shape in stage_shapes(config, stage, stages))
+        assert rank["parameters_bytes"] == 4 * elements
+        for direction in ("send", "recv"):
+            assert rank["collectives"][direction] == PIECES * sends_per_piece(held, stages), (schedule, rank["rank"])
+
+
 @pytest.mark.slow
 def test_a_peak_above_the_devices_memory_is_refused_in_one_line(toy_source: Path) -> None:
     small = ["--gpu_memory_gib", "0.001", "--ranks", "0"]
@@ -96,7 +185,18 @@ def test_a_peak_above_the_devices_memory_is_refused_in_one_line(toy_source: Path
         (["--strategy.fsdp2.tensor_parallel_size", "16"], "tensor_parallel_size=16 does not divide devices=8"),
         (["--accelerator", "cuda", "--strategy.name", "deepspeed"], "strategy.name=deepspeed: not rehearsed"),
         (["--accelerator", "cuda", "--strategy.name", "fsdp"], "strategy.name=fsdp: not rehearsed"),
-        (["--strategy.fsdp2.pipeline_parallel_size", "2"], "pipeline_parallel_size > 1: not rehearsed"),
+        (["--model.width", "36", "--strategy.fsdp2.tensor_parallel_size", "8"], "8 does not divide model.width=36"),
+        # Pipeline layouts that train refuses too: a stage without a block, stages that do not divide the ranks.
+        (
+            ["--strategy.fsdp2.pipeline_parallel_size", "4"],
+            "4 pipeline stages need at least 4 blocks (the model has 3)",
+        ),
+        ([*PIPELINE, *ZBV], "4 pipeline stages need at least 4 blocks (the model has 3)"),
+        ([*PIPELINE, "--strategy.fsdp2.pipeline_split", "[3, 0]"], "pipeline_split=[3, 0] must give each of the 2"),
+        (
+            ["--strategy.fsdp2.pipeline_parallel_size", "3"],
+            "pipeline_parallel_size=3 x tensor_parallel_size=1 does not",
+        ),
     ],
 )
 def test_what_cannot_be_rehearsed_is_refused_before_any_rank_starts(

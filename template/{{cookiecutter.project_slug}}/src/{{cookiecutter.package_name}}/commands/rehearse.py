@@ -111,11 +111,12 @@ def rank_process(rank: int, out: Path, log: Path, recipe_argv: list[str]) -> Non
 
 
 def last_error(output: str, exitcode: int | None) -> str:
-    """The line of a failed rank's output that says why: its last exception, without torch's `[rankN]:` prefix."""
+    """What says why a rank failed: its last exception (without torch's `[rankN]:` prefix), or how it ended."""
     lines = [re.sub(r"^\[rank\d+\]:", "", line).strip() for line in output.splitlines()]
-    lines = [line for line in lines if line]
     errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): \S", line)]
-    return (errors or lines or [f"exit code {exitcode}"])[-1]
+    if errors:
+        return errors[-1]
+    return f"killed by signal {-exitcode}" if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
 
 
 def planned(recipe: Recipe, device: Device) -> dict[str, float] | None:
@@ -156,7 +157,8 @@ def render(recipe: Recipe, ranks: list[dict[str, Any]], plan: dict[str, float] |
     ]
     for rank in ranks:
         mesh = ", ".join(f"{name} {index}" for name, index in rank["mesh"].items())
-        lines.append(f"rank {rank['rank']} ({mesh})")
+        blocks = f": blocks {spans(rank['blocks'])}" if rank.get("blocks") else ""
+        lines.append(f"rank {rank['rank']} ({mesh}){blocks}")
         for key, label in (("parameters", "params"), ("gradients", "grads"), ("optimizer", "optim"), ("peak", "peak")):
             measured, expected = rank[f"{key}_bytes"], (plan or {}).get(f"{key}_bytes")
             ratio = f"{measured / expected:.3f}" if expected else "-"
@@ -168,6 +170,17 @@ def render(recipe: Recipe, ranks: list[dict[str, Any]], plan: dict[str, float] |
     if plan is None:
         lines.append("plan: the task has no size formulas or plan no option for this layout: measured figures only")
     return "\n".join(lines)
+
+
+def spans(indices: list[int]) -> str:
+    """Block indices as runs: [0, 1, 2, 6, 7] -> 0-2, 6-7."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
 def run(argv: list[str], prog: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import run_cli
+from helpers import fail_with, run_cli
 
 
 @pytest.mark.slow
@@ -20,3 +20,51 @@ def test_a_gpu_recipes_ranks_hold_plans_parameters_gradients_and_optimizer_state
         for held in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
             assert rank[held] == plan[held], (rank["rank"], held)
         assert rank["collectives"]["allreduce"] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+def test_the_70b_pipelines_ranks_hold_their_blocks_shards_within_plans_largest_stage() -> None:
+    """llama-70b-pp-fsdp2-tp-multinode on 64 nodes x 8: 4 pipeline ranks of 2 interleaved stages each, every stage's
+    blocks split over 8 GPUs and sharded over its 16 copies. The first rank (the embedding), the first of the second
+    pipeline rank and the last (the final norm and head) hold their blocks' shards to the byte; plan sizes every rank
+    as the largest, its blocks and every module outside them, which bounds them all."""
+    ranks, data_parallel, tensor_parallel = [0, 128, 511], 16, 8
+    result = run_cli(
+        "rehearse", "llama-70b-pp-fsdp2-tp-multinode", "--num_nodes", "64", "--ranks", "0,128,-1", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    rehearsal = json.loads(result.stdout)
+    assert rehearsal["world_size"] == 512 and [rank["rank"] for rank in rehearsal["ranks"]] == ranks
+    width, kv_width, hidden, vocab, layers = 8192, 1024, 28672, 128256, 80
+    block = (
+        2 * width * width + 2 * width * kv_width + 3 * width * hidden
+    ) // tensor_parallel + 2 * width  # norms whole
+    plan = rehearsal["plan"]
+    for rank in rehearsal["ranks"]:
+        held = rank["blocks"]
+        ends = (vocab * width if 0 in held else 0) + (vocab * width + width if layers - 1 in held else 0)
+        parameters = 4 * (len(held) * block + ends) // data_parallel  # fp32 shards under bf16-mixed
+        assert (rank["parameters_bytes"], rank["gradients_bytes"]) == (parameters, parameters), rank["rank"]
+        assert rank["optimizer_bytes"] == 2 * parameters  # AdamW's two moments
+        for held_bytes in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
+            assert rank[held_bytes] <= plan[held_bytes]
+    first, middle, last = (rank["blocks"] for rank in rehearsal["ranks"])
+    assert 0 in first and layers - 1 in last
+    assert len(first) == len(last) < len(middle)  # balanced by parameters: the embedding and the head weigh blocks
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["--model.n_kv_head", "4"], "tensor_parallel_size=8 does not divide model.n_kv_head=4"),
+        (
+            ["--model.n_head", "12", "--model.n_kv_head", "4", "--model.n_embd", "1536"],
+            "does not divide model.n_head=12",
+        ),
+    ],
+)
+def test_a_tensor_parallel_size_the_heads_do_not_divide_is_refused_before_any_rank_starts(
+    overrides: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert says in fail_with(["rehearse", "llama-70b-pp-fsdp2-tp-multinode", *overrides], capsys)
