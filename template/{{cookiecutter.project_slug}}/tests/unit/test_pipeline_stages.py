@@ -13,7 +13,7 @@ from helpers import PIPELINE, TOY_RECIPE, fail_with
 from toy_task.model import Mlp
 from toy_task.task import MlpConfig
 
-from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineRank, balanced_split, build_stages
+from {{ cookiecutter.package_name }}.strategies.pipeline import PipelineRank, balanced_split, build_stages, stage_boundaries
 
 CONFIG = MlpConfig(width=16, depth=4)
 
@@ -42,6 +42,22 @@ def test_a_stage_built_on_the_meta_device_holds_only_its_own_blocks() -> None:
     (stage,) = build_stages(partial(Mlp, CONFIG), [2, 2], [1], on_meta=True)
     assert {name.split(".")[0] for name, _ in stage.named_parameters()} == {"blocks", "head"}
     assert stage.blocks.indices() == [2, 3] and all(p.is_meta for p in stage.parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_stage_boundaries_are_what_the_stages_run_one_after_another_take_and_give(dtype: torch.dtype) -> None:
+    """The shapes a rehearsal gives each stage (no peer to ask) are those of the stages' own outputs, in the dtype they
+    compute in; the first stage takes the inputs as they come."""
+    split, vectors = [1, 2, 1], torch.randn(3, CONFIG.inputs)
+    boundaries = stage_boundaries(partial(Mlp, CONFIG), split, (vectors,), dtype)
+    stages = [stage.to(dtype) for stage in build_stages(partial(Mlp, CONFIG), split, [0, 1, 2], on_meta=False)]
+    flowing = vectors
+    for index, (stage, (inputs, outputs)) in enumerate(zip(stages, boundaries, strict=True)):
+        (taken,) = inputs
+        assert (taken.shape, taken.dtype, taken.requires_grad) == (flowing.shape, flowing.dtype, index > 0)
+        flowing = stage(flowing.to(dtype))
+        (given,) = outputs
+        assert (given.shape, given.dtype, given.is_meta) == (flowing.shape, dtype, True)
 
 
 ZERO_BUBBLE_IN_5_PIECES = [

@@ -153,7 +153,7 @@ def render(recipe: Recipe, ranks: list[dict[str, Any]], plan: dict[str, float] |
         f"{recipe.num_nodes} node(s) x {recipe.devices} device(s) = {recipe.world_size} ranks, {recipe.precision},"
         f" {strategy_for(recipe).describe()}; one optimizer step of {recipe.train.grad_accum_steps} micro-batch(es)"
         f" of {recipe.train.micro_batch_size}, on fake tensors",
-        f"{'bytes':<12}{'measured':>10}{'plan':>10}{'ratio':>8}",
+        f"{'bytes':<12}{'measured':>11}{'plan':>11}{'ratio':>8}",
     ]
     for rank in ranks:
         mesh = ", ".join(f"{name} {index}" for name, index in rank["mesh"].items())
@@ -163,7 +163,7 @@ def render(recipe: Recipe, ranks: list[dict[str, Any]], plan: dict[str, float] |
             measured, expected = rank[f"{key}_bytes"], (plan or {}).get(f"{key}_bytes")
             ratio = f"{measured / expected:.3f}" if expected else "-"
             planned_text = size(expected) if expected is not None else "-"
-            lines.append(f"  {label:<10}{size(measured):>10}{planned_text:>10}{ratio:>8}")
+            lines.append(f"  {label:<10}{size(measured):>11}{planned_text:>11}{ratio:>8}")  # "1011.1 MiB" and a space
         sent = rank["collective_bytes"]
         collectives = ", ".join(f"{count} {name} ({size(sent[name])})" for name, count in rank["collectives"].items())
         lines.append(f"  collectives per step: {collectives or 'none'}")
