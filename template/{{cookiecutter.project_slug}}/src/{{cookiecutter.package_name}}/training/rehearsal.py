@@ -287,7 +287,7 @@ def rehearse_rank(recipe: Any, rank: int) -> dict[str, Any]:
     return {
         "rank": rank,
         "mesh": mesh_coordinates(fabric, rank, recipe.world_size),
-        "blocks": module.blocks.indices() if isinstance(module, PipelineRank) else None,  # its stages' blocks
+        "blocks": cast(Any, module).blocks.indices() if isinstance(module, PipelineRank) else None,  # its stages'
         "parameters_bytes": parameters,
         "gradients_bytes": gradients,
         "optimizer_bytes": optimizer_state,
