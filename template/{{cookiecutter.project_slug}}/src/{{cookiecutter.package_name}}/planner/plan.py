@@ -15,7 +15,7 @@ Per device, each candidate holds:
 
 Communication per micro-batch step relative to ddp's gradient all-reduce (2 x parameters): 1x for ddp
 and ZeRO 1-2, 1.5x for ZeRO-3 / FSDP2 (ZeRO paper, section 7), hsdp 1.5x inside a node plus 1/devices
-across nodes, tensor parallel four all-reduces of s*b*h per layer per micro-batch. The step time is a
+across nodes, tensor parallel the all-reduces of s*b*h the task counts per layer (`tensor_parallel_all_reduces`). The step time is a
 lower bound: max(FLOPs / peak, data-parallel bytes / bandwidth, host or NVMe traffic) + tensor-parallel
 all-reduces (they sit on the critical path), for one optimizer step of the recipe's global batch; a pipeline
 stage whose ranks fit in a node reduces over the node's links. The pick (`choose`): the first that fits in
@@ -197,11 +197,10 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
     pp = option.pipeline_parallel
     data_parallel = max(1, (inputs.devices if option.hybrid else inputs.world_size) // (t * pp))
     sixteen_bit = option.sixteen_bit_module and precision in MIXED
-    activation_precision = "bf16-true" if sixteen_bit else precision
     pipeline = None
     if pp > 1:  # each piece one sample: the smallest bubble the micro-batch allows
         schedule, per_rank = option.pipeline_schedule, option.pipeline_stages_per_rank
-        pipeline = pipeline_terms(cost, pp, schedule, per_rank, micro_batch, micro_batch, activation_precision, t)
+        pipeline = pipeline_terms(cost, pp, schedule, per_rank, micro_batch, micro_batch, precision, t, sixteen_bit)
         local = pipeline.layers * layer + root  # the largest stage: its blocks and (at most) every module outside
     paper = zero_model_states(local, precision, option.stage, data_parallel)
     sizes = PlanSizes(local, layer, root, precision, data_parallel)
@@ -212,10 +211,10 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
         paper = States(0.0, 0.0, 0.0)
         extra = [term for term in extra if not term.with_optimizer]
     terms = tuple((term.label, term.bytes) for term in extra)
-    acts = pipeline.activations if pipeline else cost.activations(micro_batch, activation_precision, t)
+    acts = pipeline.activations if pipeline else cost.activations(micro_batch, precision, t, sixteen_bit)
     base = paper.total + sum(value for _, value in terms)
-    checkpointing = base + acts.held > inputs.budget
-    total = base + (acts.checkpointed_peak if checkpointing else acts.held)
+    checkpointing = base + acts.peak > inputs.budget
+    total = base + (acts.checkpointed_peak if checkpointing else acts.peak)
     why_not = unavailable(candidate, inputs)
     fits = why_not is None and total <= inputs.budget
     if option.offload == "cpu" and inputs.host_memory_bytes is not None:

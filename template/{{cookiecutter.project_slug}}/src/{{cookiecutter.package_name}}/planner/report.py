@@ -107,7 +107,7 @@ def render(result: Plan) -> str:
     ]
     for e in result.estimates:
         cells = [e.states.parameters, e.states.gradients, e.states.optimizer, e.runtime_extra]
-        cells += [e.activations.held, e.activations.checkpointed_peak, e.total]
+        cells += [e.activations.peak, e.activations.checkpointed_peak, e.total]
         row = "".join(f"{value / scale:9.2f}" for value in cells)
         offloaded = f"{e.offloaded / GIB:.1f} GiB" if e.offloaded else "-"
         fits = "yes" if e.fits else ("n/a" if e.unavailable else "no")
@@ -140,7 +140,7 @@ def to_json(result: Plan) -> dict[str, Any]:
     inputs = result.inputs
     options = []
     for e in result.estimates:
-        used = e.activations.checkpointed_peak if e.checkpointing else e.activations.held
+        used = e.activations.checkpointed_peak if e.checkpointing else e.activations.peak
         options.append(
             {
                 "strategy": e.candidate.name,
@@ -153,7 +153,7 @@ def to_json(result: Plan) -> dict[str, Any]:
                 "runtime_extra_bytes": e.runtime_extra,
                 "runtime_extra_terms": dict(e.runtime_terms),
                 "activation_bytes": used,
-                "activation_bytes_without_checkpointing": e.activations.held,
+                "activation_bytes_without_checkpointing": e.activations.peak,
                 "activation_bytes_with_checkpointing": e.activations.checkpointed_peak,
                 "paper_activation_bytes": e.activations.paper,
                 "paper_activation_bytes_with_recomputation": e.activations.paper_checkpointed,
