@@ -96,9 +96,10 @@ def rehearse_ranks(recipe_argv: list[str], ranks: list[int]) -> list[dict[str, A
         return list(pool.map(lambda rank: one(rank, Path(folder)), ranks))
 
 
-def planned(recipe: Recipe, device: Device) -> dict[str, float] | None:
-    """What plan says one rank of this recipe holds (torch's split of the model states), or None without size
-    formulas or a plan option for the recipe's layout."""
+def planned(recipe: Recipe, device: Device) -> dict[str, Any] | None:
+    """What plan says one rank of this recipe holds (torch's split of the model states) and the collectives of its
+    step (where plan's communication model counts them, with the step decision's all_reduce), or None without
+    size formulas or a plan option for the recipe's layout."""
     from ..planner.hardware import INTERCONNECTS
     from ..planner.plan import Candidate, estimate, plan_inputs
     from ..precision import torch_model_states
@@ -113,16 +114,28 @@ def planned(recipe: Recipe, device: Device) -> dict[str, float] | None:
     shares = result.sizes
     states = torch_model_states(shares.parameters, recipe.precision, option.stage, shares.data_parallel)
     checkpointed = recipe.strategy.activation_checkpointing
-    activations = result.activations.checkpointed_peak if checkpointed else result.activations.held
+    activations = result.activations.checkpointed_peak if checkpointed else result.activations.peak
+    micro_batches = recipe.train.grad_accum_steps
+    collectives = strategy.plan_collectives(option, cost.n_layer, micro_batches)
+    if collectives is not None:
+        config, plain = recipe.strategy, cost.tensor_parallel_all_reduces(False)
+        recomputed = -(-cost.n_layer // config.activation_checkpointing_every) if checkpointed else 0
+        per_block = cost.tensor_parallel_all_reduces(True) - plain
+        tensor_parallel = (cost.n_layer * plain + recomputed * per_block) * micro_batches
+        # the step decision's one fused all_reduce, and tensor parallel's
+        collectives["allreduce"] = (
+            collectives.get("allreduce", 0) + 1 + (tensor_parallel if option.tensor_parallel > 1 else 0)
+        )
     return {
         "parameters_bytes": states.parameters,
         "gradients_bytes": states.gradients,
         "optimizer_bytes": states.optimizer,
         "peak_bytes": states.total + result.runtime_extra + activations,
+        "collectives": collectives,
     }
 
 
-def render(recipe: Recipe, ranks: list[dict[str, Any]], plan: dict[str, float] | None) -> str:
+def render(recipe: Recipe, ranks: list[dict[str, Any]], plan: dict[str, Any] | None) -> str:
     """One block per rank: its mesh, each figure beside plan's, its collectives."""
     from ..planner.plan import size
 
@@ -140,8 +153,11 @@ def render(recipe: Recipe, ranks: list[dict[str, Any]], plan: dict[str, float] |
             ratio = f"{measured / expected:.3f}" if expected else "-"
             planned_text = size(expected) if expected is not None else "-"
             lines.append(f"  {label:<10}{size(measured):>10}{planned_text:>10}{ratio:>8}")
-        sent = rank["collective_bytes"]
-        collectives = ", ".join(f"{count} {name} ({size(sent[name])})" for name, count in rank["collectives"].items())
+        sent, counted = rank["collective_bytes"], (plan or {}).get("collectives") or {}
+        collectives = ", ".join(
+            f"{count} {name} ({size(sent[name])}" + (f"; plan {counted[name]})" if name in counted else ")")
+            for name, count in rank["collectives"].items()
+        )
         lines.append(f"  collectives per step: {collectives or 'none'}")
     if plan is None:
         lines.append("plan: the task has no size formulas or plan no option for this layout: measured figures only")

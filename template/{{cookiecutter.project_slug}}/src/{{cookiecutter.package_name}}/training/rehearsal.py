@@ -37,6 +37,12 @@ from .run import build_fabric
 from .step_decision import decide
 
 COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+# The functional collectives (DTensor's) under the names of the process group's (fully_shard's, Fabric's).
+SAME_COLLECTIVE = {
+    "all_reduce": "allreduce",
+    "all_gather_into_tensor": "allgather",
+    "reduce_scatter_tensor": "reduce_scatter",
+}
 
 
 class Collectives(TorchDispatchMode):
@@ -47,11 +53,13 @@ class Collectives(TorchDispatchMode):
         super().__init__()
         self.counts: Counter[str] = Counter()
         self.bytes: Counter[str] = Counter()
+        self.ddp_buckets: dict[int, int] = {}  # DDP's gradient buckets, by index: bytes it holds for the whole run
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         if func.namespace in COLLECTIVE_NAMESPACES and not func.__name__.startswith("wait"):
-            name = func.__name__.split(".")[0].strip("_").removesuffix("_")
+            name = func.__name__.split(".")[0].strip("_").removesuffix("_").removesuffix("_base")
+            name = SAME_COLLECTIVE.get(name, name)
             tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
             self.counts[name] += 1
             self.bytes[name] += max((t.numel() * t.element_size() for t in tensors), default=0)
@@ -115,29 +123,44 @@ def become_rank(rank: int, recipe: Any) -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
 
 
+class NoHook:
+    """A hook handle for a parameter that gets none (a frozen one)."""
+
+    def remove(self) -> None:
+        """Nothing to remove."""
+
+
 def memory_tracker(model: Any, optimizer: Any) -> Any:
-    """torch's FSDP-aware tracker where fully_shard sharded the model as one, its generic one otherwise."""
+    """torch's FSDP-aware tracker where fully_shard sharded the model as one, its generic one otherwise. Frozen
+    parameters (LoRA's base weights) get no gradient hook: torch's trackers would register one on every parameter,
+    which torch refuses for a tensor that requires no gradient."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(model, FSDPModule):  # a pipeline rank holds several sharded stages: the generic one tracks them
-        return FSDPMemTracker(cast(Any, model), optimizer)
-    tracker = MemTracker()
-    tracker.track_external(model, optimizer)
+        tracker: Any = FSDPMemTracker(cast(Any, model), optimizer)
+    else:
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer)
+    for parameter in model.parameters():
+        if not parameter.requires_grad:
+            tracker._param_to_grad_hook_handles[parameter] = (NoHook(), NoHook())
     return tracker
 
 
 def count_ddp_buckets(model: Any, collectives: Collectives) -> None:
     """DDP's reducer all-reduces its gradient buckets through the process group directly, past the operators
     `Collectives` sees, and expects a tensor back, which the fake group does not give: a communication hook counts
-    each bucket and hands it back as reduced."""
+    each bucket and hands it back as reduced. The buckets are flat buffers DDP allocated when it wrapped the model,
+    before the memory tracker started: their bytes are recorded here and added to the peak."""
     from torch.nn.parallel import DistributedDataParallel
 
     def counted(state, bucket):  # type: ignore[no-untyped-def]  # torch reads the annotations: none, or its class
         buffer = bucket.buffer()
         collectives.counts["allreduce"] += 1
         collectives.bytes["allreduce"] += buffer.numel() * buffer.element_size()
+        collectives.ddp_buckets[bucket.index()] = buffer.numel() * buffer.element_size()
         done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         done.set_result(buffer)
         return done
@@ -145,6 +168,22 @@ def count_ddp_buckets(model: Any, collectives: Collectives) -> None:
     for module in model.modules():
         if isinstance(module, DistributedDataParallel):
             module.register_comm_hook(None, counted)
+
+
+def swap_unless_same(swap: Any) -> Any:
+    """torch's swap_tensors, made a no-op between two tensors of the same dtype, device and layout. Moving a module to
+    the device and dtype it already has (peft does so for each adapter it adds) swaps each fake parameter with a
+    fake copy, which torch refuses for tensors that are weakly referenced, as fake tensors are; a fake tensor holds
+    no values, so the copy would change nothing."""
+
+    def layout(tensor: torch.Tensor) -> tuple[Any, ...]:
+        return tensor.dtype, tensor.device, tensor.shape, tensor.stride()
+
+    def swap_tensors(first: torch.Tensor, second: torch.Tensor) -> None:
+        if first is not second and layout(first) != layout(second):
+            swap(first, second)
+
+    return swap_tensors
 
 
 def rehearse_rank(recipe: Any, rank: int) -> dict[str, Any]:
@@ -160,6 +199,7 @@ def rehearse_rank(recipe: Any, rank: int) -> dict[str, Any]:
     fabric.strategy.module_to_device = lambda module: None  # type: ignore[method-assign]
     fabric.seed_everything(recipe.train.seed)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
+    torch.utils.swap_tensors = swap_unless_same(torch.utils.swap_tensors)  # this process only rehearses
     with fake, RealWhereReal():
         model = strategy.build_model(fabric)
         model, optimizer, _ = strategy.setup(fabric, model, partial(build_optimizer, config=recipe.train))
@@ -170,18 +210,27 @@ def rehearse_rank(recipe: Any, rank: int) -> dict[str, Any]:
     tracker, collectives = memory_tracker(module, torch_optimizer), Collectives()
     count_ddp_buckets(model, collectives)
     accumulate = recipe.train.grad_accum_steps
+    # The first micro-batch and the last are rehearsed: the ones between hold what the first holds beside the
+    # gradients the last finds, and issue the first's collectives again, which are counted so.
+    rehearsed = sorted({0, accumulate - 1})
     with fake, RealWhereReal(), tracker, collectives:
-        for micro_step in range(accumulate):
+        for micro_step in rehearsed:
+            issued = Counter(collectives.counts), Counter(collectives.bytes)
             with strategy.no_backward_sync(fabric, model, enabled=micro_step < accumulate - 1):
                 strategy.forward_backward(fabric, model, fabric.to_device(batch), accumulate, lambda loss: loss)
             tracker.reset_mod_stats()  # per-module figures of one micro-batch; the peak is kept across them
+            if micro_step == 0:
+                between = accumulate - len(rehearsed)
+                for total, before in zip((collectives.counts, collectives.bytes), issued, strict=True):
+                    total.update({name: between * (value - before[name]) for name, value in total.items()})
         gradients = local_bytes(p.grad for p in module.parameters() if p.grad is not None)
         decide(fabric, torch.zeros(()), recipe.train.on_nonfinite_loss, 0, False)  # its flags stay real
-        strategy.clip(fabric, model, optimizer, max_norm=recipe.train.grad_clip)
-    # The step itself runs outside the tracker: fused AdamW updates in place on a GPU, while its fake kernel
-    # returns new tensors. From the second step on the state lives through forward and backward, so the step's
-    # peak is the tracked one plus the optimizer state.
+    # Clipping and the step run outside the tracker: both update in place on a GPU (the gradients scaled, fused
+    # AdamW), while their fake kernels return new tensors, as many bytes as the whole model's gradients. From the
+    # second step on the optimizer state lives through forward and backward, so the step's peak is the tracked one
+    # plus the optimizer state.
     with fake, RealWhereReal(), collectives:
+        strategy.clip(fabric, model, optimizer, max_norm=recipe.train.grad_clip)
         optimizer.step()
         optimizer_state = local_bytes(
             value
@@ -198,7 +247,9 @@ def rehearse_rank(recipe: Any, rank: int) -> dict[str, Any]:
         "parameters_bytes": parameters,
         "gradients_bytes": gradients,
         "optimizer_bytes": optimizer_state,
-        "peak_bytes": max(int(device.get("Total", 0)) for device in peak.values()) + optimizer_state,
+        "peak_bytes": max(int(device.get("Total", 0)) for device in peak.values())
+        + optimizer_state
+        + sum(collectives.ddp_buckets.values()),
         "peak_by_kind": {str(kind): int(size) for device in peak.values() for kind, size in device.items()},
         "collectives": counts,
         "collective_bytes": sent,
@@ -209,6 +260,9 @@ def main() -> None:
     """`python -m <package>.training.rehearsal RANK OUT_JSON RECIPE_ARGS...` (started by `rehearse`)."""
     rank, out = int(sys.argv[1]), Path(sys.argv[2])
     recipe = parse_recipe(sys.argv[3:], "rehearse")
+    # Compiling for fake tensors takes minutes per rank and builds CPU kernels, not the GPU's: the blocks run eager,
+    # as autograd saves their activations without the fusions compile may find.
+    recipe.strategy.compile = False
     result = rehearse_rank(recipe, rank)
     out.write_text(json.dumps(result))
     dist.destroy_process_group()
