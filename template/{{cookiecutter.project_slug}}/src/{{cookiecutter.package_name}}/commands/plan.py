@@ -111,10 +111,14 @@ def rehearse_one_rank(recipe: Recipe, checkpointing: bool) -> dict[str, Any]:
 def measured_cost(recipe: Recipe, task: Task) -> MeasuredCost:
     """What plan weighs for a task without size formulas: its model's sizes (a meta build) and one rehearsed step on
     one rank (planner/measured.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from ..planner.measured import MeasuredCost, beyond_model_states, model_sizes
 
-    sizes = model_sizes(task)
-    buffers, activations = beyond_model_states(rehearse_one_rank(recipe, checkpointing=False))
+    with ThreadPoolExecutor(1) as pool:  # the rehearsal's process starts while this one builds the model
+        rehearsed = pool.submit(rehearse_one_rank, recipe, checkpointing=False)
+        sizes = model_sizes(task)
+        buffers, activations = beyond_model_states(rehearsed.result())
     flops = (task.flops_per_unit() or 0.0) * task.units_per_sample()
     return MeasuredCost(sizes, recipe.train.micro_batch_size, buffers, activations, None, flops)
 
