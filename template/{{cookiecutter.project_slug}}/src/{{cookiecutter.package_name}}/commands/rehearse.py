@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 from jsonargparse import ArgumentParser
 
 from ..errors import RecipeError
+from ..planner.device import plan_device
 from ..recipe.library import find_recipe
 from ..recipe.load import parse_recipe, split_command_line
 from ..recipe.schema import Recipe
 from ..strategies import strategy_for
 from ..tasks import task_for
 from . import first_line
-from .plan import plan_device
 
 if TYPE_CHECKING:
     from ..planner.plan import Device

@@ -1,10 +1,9 @@
 """`plan`: the memory, communication and step time of every strategy for a model on a cluster, and the one to pick.
 
-Torch-free: the numbers come from `precision` (the ZeRO paper's model states), the task's `ModelCost`
-(its parameters, activations and FLOPs: tasks/base.py), `hardware` (GPU memory, peak FLOP/s, links) and the strategy
-families (strategies/*.py `plan_options`): each declares its candidates (ZeRO stage, tensor parallel,
-offload, communication, library recipes, the reason it is chosen), the bytes its runtime adds, and the
-`strategy:` section that selects it. This module knows no strategy by name.
+Torch-free: the numbers come from `precision` (the ZeRO paper's model states), the task's `ModelCost` (its size
+formulas, tasks/base.py, or a rehearsal's measurement, measured.py), `hardware` (GPU memory, peak FLOP/s, links) and the
+strategy families (strategies/*.py `plan_options`): each declares its candidates (ZeRO stage, tensor parallel, offload,
+communication, why), the bytes its runtime adds and its `strategy:` section. This module knows no strategy by name.
 
 Per device, each candidate holds:
 
@@ -88,7 +87,7 @@ class Inputs:
     """What the plan is asked about: a model, a layout, a device and its links."""
 
     cost: ModelCost  # the task's size formulas for its model
-    task: str  # the recipe's task: a written plan starts from a library recipe of that task only
+    task: str  # the recipe's task: plan names a library recipe of its layout only when it is of that task
     parameters: int
     precision: str
     devices: int
@@ -100,6 +99,7 @@ class Inputs:
     margin: float = 0.1
     cpu: bool = False
     host_memory_bytes: float | None = None
+    refused: dict[str, str] | None = None  # candidate name -> why the task's recipe cannot run it
 
     @property
     def world_size(self) -> int:
@@ -184,7 +184,7 @@ def unavailable(candidate: Candidate, inputs: Inputs) -> str | None:
     stages, pp = option.pipeline_parallel * option.pipeline_stages_per_rank, option.pipeline_parallel
     if pp > 1 and (inputs.world_size % (pp * t) or inputs.cost.n_layer < stages):
         return f"{pp} pipeline stages x tensor parallel {t} must divide {inputs.world_size} ranks, {stages} <= n_layer"
-    return None
+    return (inputs.refused or {}).get(candidate.name)
 
 
 def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate:

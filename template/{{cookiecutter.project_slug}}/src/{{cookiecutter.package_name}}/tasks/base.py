@@ -207,7 +207,7 @@ class Task:
         return 1
 
     def model_cost(self) -> ModelCost | None:
-        """The model's size formulas for `plan`; None when the task has none (plan says it cannot tell)."""
+        """The model's size formulas for `plan`; None when the task has none (plan then measures a rehearsed step)."""
         return None
 
     def describe(self) -> str | None:
