@@ -105,18 +105,23 @@ class MeasuredCost:
     def _per_micro_batch(self, measured: float, micro_batch: int) -> float:
         return self.buffers + measured * micro_batch / self.micro_batch
 
-    def activations(self, micro_batch: int, precision: str, tensor_parallel: int = 1) -> Activations:
+    def activations(
+        self, micro_batch: int, precision: str, tensor_parallel: int = 1, sixteen_bit_module: bool = False
+    ) -> Activations:
         held = self._per_micro_batch(self.activations_measured, micro_batch)
         measured = self.checkpointed_measured
         checkpointed = held if measured is None else self._per_micro_batch(measured, micro_batch)
-        # The checkpointed rehearsal's peak already holds the block that backward rebuilds.
-        return Activations(held, checkpointed, held, checkpointed, recompute_peak=0.0)
+        # The rehearsed peaks already hold the block that backward rebuilds and the loss's gradients.
+        return Activations(held, checkpointed, held, checkpointed, recompute_peak=0.0, backward_transient=0.0)
 
     def layer_activations(self, micro_batch: int, precision: str) -> float:
         return self.activations_measured * micro_batch / self.micro_batch / max(1, self.n_layer)
 
     def tensor_parallel_elements(self, micro_batch: int) -> float:
         return 0.0
+
+    def tensor_parallel_all_reduces(self, checkpointed: bool) -> int:
+        return 0  # its tensor-parallel candidates are refused as a whole (NOT_ESTIMATED)
 
     def hidden_elements(self, micro_batch: int) -> float:
         return 0.0
