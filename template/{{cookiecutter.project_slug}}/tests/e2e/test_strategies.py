@@ -41,7 +41,20 @@ LAYOUTS: dict[str, tuple[list[str], int]] = {
         1,
     ),  # 1 data-parallel rank x 8
     "fsdp2_tp": (["--devices", "4", "--strategy.fsdp2.tensor_parallel_size", "2"], 1),  # 2 (x 2 tensor parallel) x 4
-    "hsdp": (["--strategy.name", "hsdp", "--num_nodes", "2", "--train.micro_batch_size", "2"], 2),  # 2 nodes x 2 x 2
+    # 2 nodes x 2 x 1 x 2 micro-batches: each reduce-scattered, the replicas' all-reduce once a step
+    "hsdp": (
+        [
+            "--strategy.name",
+            "hsdp",
+            "--num_nodes",
+            "2",
+            "--train.micro_batch_size",
+            "1",
+            "--train.grad_accum_steps",
+            "2",
+        ],
+        2,
+    ),
     "fsdp2_checkpointing_compile": (
         [
             "--strategy.activation_checkpointing",

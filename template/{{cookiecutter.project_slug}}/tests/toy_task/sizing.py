@@ -58,18 +58,29 @@ class MlpShape:
             weights = 2 * (split / t + replicated)
         return norm + hidden + weights
 
-    def activations(self, micro_batch: int, precision: str, tensor_parallel: int = 1) -> Activations:
+    def activations(
+        self, micro_batch: int, precision: str, tensor_parallel: int = 1, sixteen_bit_module: bool = False
+    ) -> Activations:
+        if sixteen_bit_module and precision in MIXED:
+            precision = "bf16-true"
         _, r = activation_bytes(precision)
         c, b = self.config, micro_batch
         layer = self.layer_activations(micro_batch, precision, tensor_parallel)
         outside = 4 * b * c.inputs + r * b * c.width + 4 * b * c.outputs  # the inputs, the input layer, the head
         held = c.depth * layer + outside
         checkpointed = c.depth * r * b * c.width + outside
-        return Activations(held, checkpointed, held, checkpointed, recompute_peak=layer)
+        loss_gradients = 2 * 4 * b * c.outputs  # of the log-softmax and of the outputs
+        return Activations(
+            held, checkpointed, held, checkpointed, recompute_peak=layer, backward_transient=loss_gradients
+        )
 
     def tensor_parallel_elements(self, micro_batch: int) -> float:
         """Two all-reduces of b*w per block per micro-batch (proj's output in forward, fc's input in backward)."""
         return 2 * self.config.depth * micro_batch * self.config.width
+
+    def tensor_parallel_all_reduces(self, checkpointed: bool) -> int:
+        """proj's output in forward, fc's input gradient in backward (checkpointing recomputes neither's)."""
+        return 2
 
     def hidden_elements(self, micro_batch: int) -> float:
         """b*w: one block's output for a micro-batch (what a pipeline stage sends the next)."""

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from helpers import TOY_RECIPE, cli_env, plan_json, recommended
 from toy_task.sizing import MlpShape
+from toy_task.task import VectorRegression
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.commands.plan import plan_device
@@ -25,6 +26,7 @@ from {{ cookiecutter.package_name }}.planner.pipeline import bubble_fraction, pi
 from {{ cookiecutter.package_name }}.planner.plan import CANDIDATES, Plan, estimate, plan, plan_inputs
 from {{ cookiecutter.package_name }}.planner.report import written_recipe
 from {{ cookiecutter.package_name }}.recipe.load import load_recipe, parse_recipe
+from {{ cookiecutter.package_name }}.tasks import REGISTRY, Task, register
 
 pytestmark = pytest.mark.usefixtures("toy_task_here")
 
@@ -197,12 +199,21 @@ def test_a_cpu_recipe_speaks_of_cpu_processes_and_a_tiny_model_of_readable_units
 def test_write_fills_the_recommended_strategy_into_a_nested_recipe(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The planned recipe, its overrides included, with plan's strategy; DeepSpeed builds for CUDA only, so the
+    written recipe is not rehearsed, and the line that says 'wrote' says so."""
     target = tmp_path / "mine.yaml"
-    main(["plan", *ON_GPUS, *BIG, "--gpu", "RTX-4090", "--write", str(target)])
-    assert f"wrote {target}" in capsys.readouterr().out
+    overrides = ["--data.samples", "256", "--train.learning_rate", "0.003", "--eval.every_steps", "3"]
+    main(["plan", *ON_GPUS, *BIG, *overrides, "--gpu", "RTX-4090", "--write", str(target)])
+    assert f"wrote {target} (strategy.name=deepspeed: not rehearsed: " in capsys.readouterr().out
     recipe = yaml.safe_load(target.read_text())
     assert target.read_text().startswith("# Written by")
     assert recipe["task"] == "vector_regression"  # written from the planned recipe, not the project task's library
+    toy = yaml.safe_load(TOY_RECIPE.read_text())  # its data, train and eval sections kept, with the overrides
+    kept = {key: value for key, value in toy["train"].items() if key not in ("learning_rate", "micro_batch_size")}
+    assert kept and kept.items() <= recipe["train"].items()
+    assert (recipe["data"]["samples"], recipe["train"]["learning_rate"]) == (256, 0.003)
+    assert recipe["eval"]["every_steps"] == 3
+    assert recipe["checkpoint"]["save_every_steps"] == toy["checkpoint"]["save_every_steps"]
     assert recipe["strategy"]["name"] == "deepspeed"
     assert recipe["strategy"]["deepspeed"] == {
         "stage": 3,
@@ -230,6 +241,40 @@ def test_write_turns_a_recommended_pipeline_into_a_recipe_that_loads(
     layout = options.pipeline_parallel_size, options.pipeline_schedule, options.pipeline_stages_per_rank
     assert (*layout, options.tensor_parallel_size) == (8, "ZBVZeroBubble", 2, 1)
     assert options.pipeline_microbatches == recipe.train.micro_batch_size == 8192
+
+
+class VectorRegressionUnsplit(VectorRegression):
+    """The toy task with its size formulas but neither a tensor-parallel plan nor a pipeline split."""
+
+    name = "vector_regression_unsplit"
+    pipeline_blocks = Task.pipeline_blocks  # refuses: "has no pipeline split"
+
+    def tensor_parallel_dimensions(self) -> dict[str, int]:
+        return {}
+
+
+def test_a_task_that_cannot_split_its_model_is_offered_no_tensor_or_pipeline_layout(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Over ethernet between 8 nodes the toy task gets a pipeline; the same model in a task that cannot split it gets
+    none: each such candidate is n/a with the recipe checks' reason."""
+    layout = ["--train.micro_batch_size", "8192", "--gpu", "H100", "--num_nodes", "8", "--interconnect", "ethernet"]
+    assert recommended(capsys, *ON_GPUS, *BIG, *layout).startswith("fsdp2_pp8")
+    register(VectorRegressionUnsplit)
+    try:
+        plan = plan_json(capsys, *ON_GPUS, *BIG, *layout, "--task", VectorRegressionUnsplit.name)
+    finally:
+        REGISTRY.pop(VectorRegressionUnsplit.name)
+    options = {option["strategy"]: option for option in plan["options"]}
+    split = [c.name for c in CANDIDATES if c.option.layout() != (1, 1)]
+    for name in split:
+        reason = options[name]["unavailable_reason"]
+        assert not options[name]["fits"] and reason
+        assert "has no pipeline split" in reason or "has no tensor-parallel plan" in reason, reason
+    assert options["fsdp2_pp8_zbv"]["unavailable_reason"] == (
+        "task vector_regression_unsplit has no pipeline split (set strategy.fsdp2.pipeline_parallel_size=1)"
+    )
+    assert plan["recommended"]["strategy"] not in split and options["fsdp2"]["available"]
 
 
 def plan_for(*overrides: str) -> Plan:

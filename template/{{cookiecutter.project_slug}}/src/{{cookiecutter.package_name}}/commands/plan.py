@@ -1,5 +1,11 @@
 """`<project> plan [RECIPE] [options] [recipe overrides]`: memory, communication and a step-time bound of every
-strategy for a model on a cluster, and the one to pick (planner/). Imports no torch.
+strategy for a model on a cluster, and the one to pick (planner/).
+
+A task with size formulas (`Task.model_cost`) is planned without torch. A task without them is measured: its model
+built on the meta device here, one step of the recipe on one rank without sharding rehearsed in a process of its own
+(`rehearse`'s), and the plan weighs the data-parallel candidates from that (planner/measured.py). `--write` rehearses
+the recipe it is about to write, rank by rank as `rehearse` does, and writes it only when every rank builds, steps and
+peaks within the device's memory.
 
 Its own options are split from the recipe overrides (recipe/load.py's `split_command_line`): every recipe
 field is an override too (`--model.n_layer 48`, `--devices 8`).
@@ -7,20 +13,28 @@ field is an override too (`--model.n_layer 48`, `--devices 8`).
 
 from __future__ import annotations
 
+import dataclasses
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from jsonargparse import ArgumentParser
 
 from ..errors import RecipeError
+from ..planner.device import plan_device
 from ..recipe.library import find_recipe, recipe_for_layout
 from ..recipe.load import parse_recipe, split_command_line
 from ..recipe.schema import Recipe, TrainConfig, field_path
 from ..tasks import task_for
 from . import first_line
 
-if TYPE_CHECKING:
-    from ..planner.plan import Device  # plan imports sizing: only when planning
+if TYPE_CHECKING:  # plan imports every strategy family: only when planning
+    from ..planner.measured import MeasuredCost
+    from ..planner.plan import Device, Plan
+    from ..tasks import Task
+
+__all__ = ["HELP", "add_arguments", "plan_device", "run"]
 
 HELP = "Which strategy for a model on a cluster."
 # With no recipe, `plan` starts from a node of 8 GPUs training in bf16-mixed, one sequence per micro-batch.
@@ -58,39 +72,135 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
     parser.add_argument("--json", action="store_true", help="Print the plan as JSON (its fields: docs/strategies.md).")
 
 
-def plan_device(options: Any, recipe: Recipe) -> Device:
-    """The device the plan assumes: a row of the hardware table (or a CPU process), its memory overridable."""
-    from ..planner.hardware import GPUS, PCIE_PEER_GB_S, gpu_model
-    from ..planner.plan import Device
-    from ..precision import table_column
+def rehearse_one_rank(recipe: Recipe, checkpointing: bool) -> dict[str, Any]:
+    """One step of the recipe's task, model, data, precision and micro batch on one rank with nothing sharded (plan's
+    candidate of ZeRO stage 0 in one process: no wrapper, no collective), rehearsed; what the rank held, as JSON."""
+    from ..planner.measured import estimated
+    from ..planner.plan import CANDIDATES
+    from ..planner.report import strategy_section
+    from .rehearse import rehearse_ranks
 
-    memory = int(options.gpu_memory_gib * 2**30) if options.gpu_memory_gib else None
-    if recipe.accelerator == "cpu":
-        name = "CPU" + ("" if memory else " (16 GiB per process assumed; set --gpu_memory_gib)")
-        return Device(name, memory or 16 * 2**30, None, 0.0)
-    row = gpu_model(options.gpu)
-    if row is None:
-        known = ", ".join(name for name, gpu in GPUS.items() if gpu.memory_mib)
-        raise RecipeError(f"--gpu={options.gpu}: not in the table (choose {known}, or another row of hardware.py)")
-    gpu = GPUS[row]
-    if memory is None and gpu.memory_mib is None:
-        raise RecipeError(f"--gpu={options.gpu}: the table has no memory figure for the {row} (add --gpu_memory_gib)")
-    name = f"{row} ({options.gpu_memory_gib:g} GiB)" if memory else row
-    peak = gpu.peaks.get(table_column(recipe.precision))
-    return Device(name, memory or (gpu.memory_mib or 0) * 2**20, peak, gpu.intra_node_gb_s or PCIE_PEER_GB_S)
+    whole = next(c for c in CANDIDATES if c.option.stage == 0 and estimated(c.option) and c.option.runs_on_cpu)
+    resolved = recipe.to_dict()
+    strategy = {**resolved["strategy"], "compile": False}
+    one_rank = {
+        "task": recipe.task,
+        "accelerator": recipe.accelerator,
+        "devices": 1,
+        "num_nodes": 1,
+        "precision": recipe.precision,
+        "strategy": strategy_section(
+            whole, strategy, checkpointing=checkpointing, cpu=True, micro_batch=recipe.train.micro_batch_size
+        ),
+        "model": resolved["model"],
+        "data": resolved["data"],
+        "train": {**resolved["train"], "grad_accum_steps": 1},  # the peak of one micro-batch's step
+    }
+    with tempfile.TemporaryDirectory(prefix="plan-measure-") as folder:
+        path = Path(folder) / "one-rank.yaml"
+        path.write_text(yaml.safe_dump(one_rank, sort_keys=False))
+        try:
+            return rehearse_ranks(["--config", str(path)], [0])[0]
+        except RecipeError as error:
+            raise RecipeError(
+                f"plan: task={recipe.task} has no size formulas (Task.model_cost) and rehearsing one step to measure"
+                f" it failed: {error}"
+            ) from None
+
+
+def measured_cost(recipe: Recipe, task: Task) -> MeasuredCost:
+    """What plan weighs for a task without size formulas: its model's sizes (a meta build) and one rehearsed step on
+    one rank (planner/measured.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..planner.measured import MeasuredCost, beyond_model_states, model_sizes
+
+    with ThreadPoolExecutor(1) as pool:  # the rehearsal's process starts while this one builds the model
+        rehearsed = pool.submit(rehearse_one_rank, recipe, checkpointing=False)
+        sizes = model_sizes(task)
+        buffers, activations = beyond_model_states(rehearsed.result())
+    flops = (task.flops_per_unit() or 0.0) * task.units_per_sample()
+    return MeasuredCost(sizes, recipe.train.micro_batch_size, buffers, activations, None, flops)
+
+
+def with_checkpointing_measured(recipe: Recipe, cost: MeasuredCost) -> MeasuredCost:
+    """`cost` with what the step holds when every block is checkpointed, rehearsed too."""
+    from ..planner.measured import beyond_model_states
+
+    _, activations = beyond_model_states(rehearse_one_rank(recipe, checkpointing=True))
+    return dataclasses.replace(cost, checkpointed_measured=activations)
+
+
+def rehearsed_before_writing(text: str, target: Path, device: Device) -> str:
+    """Rehearse the default ranks of the recipe `text` about to be written to `target` (`rehearse`'s: the first, the
+    last, the first of each pipeline stage). A RecipeError, and nothing written, when the recipe checks refuse it, a
+    rank fails, or one peaks above the device's memory; otherwise what to say of it beside 'wrote'."""
+    from ..planner.plan import size
+    from ..strategies import strategy_for
+    from .rehearse import default_ranks, rehearse_ranks
+
+    with tempfile.TemporaryDirectory(prefix="plan-write-") as folder:
+        path = Path(folder) / target.name
+        path.write_text(text)
+        argv = ["--config", str(path)]
+        try:
+            written = parse_recipe(argv, "plan --write")
+            problem = strategy_for(written).rehearsal_problem()
+            if problem:  # DeepSpeed builds for CUDA only: what plan weighs it by is DeepSpeed's own estimator
+                return problem
+            ranks = default_ranks(written)
+            results = rehearse_ranks(argv, ranks)
+        except RecipeError as error:
+            raise RecipeError(f"--write {target}: not written: {error}") from None
+    worst = max(results, key=lambda rank: rank["peak_bytes"])
+    peak, memory = worst["peak_bytes"], device.memory_bytes
+    if peak > memory:
+        raise RecipeError(
+            f"--write {target}: not written: rehearsed, rank {worst['rank']} peaks at {size(peak)}, above the"
+            f" {device.name}'s {size(memory)} (more than plan estimated: raise --margin, or see `rehearse` for each"
+            " rank's figures)"
+        )
+    return f"rehearsed ranks {', '.join(str(rank) for rank in ranks)}: peak {size(peak)} of {size(memory)}"
+
+
+def write_plan(result: Plan, recipe: Recipe, name: str | None, target: Path, device: Device, prog: str) -> str:
+    """Write the recommended recipe to `target` once its rehearsal passes (`rehearsed_before_writing`); the line that
+    says so. It starts from the planned recipe (file and overrides: its task, model, data, train and the rest), or
+    without one from a library recipe of the recommended layout, and takes plan's layout, precision, micro batch and
+    strategy."""
+    from ..planner.report import library_recipe, written_recipe
+
+    if result.recommended is None:
+        raise RecipeError(f"--write {target}: {result.reason}")
+    if target.exists():
+        raise RecipeError(f"--write {target}: the file exists (choose another name)")
+    if name:
+        base = recipe.to_dict()
+    else:
+        inputs = result.inputs
+        start = library_recipe(result.recommended.candidate, inputs)
+        path = find_recipe(start) if start else recipe_for_layout(inputs.cpu, inputs.num_nodes > 1)
+        base = yaml.safe_load(path.read_text())
+    recipe_dict = written_recipe(base, dataclasses.asdict(recipe.model), result)
+    text = f"# Written by `{prog} plan`: {result.reason}\n" + yaml.safe_dump(recipe_dict, sort_keys=False)
+    said = rehearsed_before_writing(text, target, device)
+    try:
+        target.write_text(text)
+    except OSError as error:
+        raise RecipeError(f"--write {target}: cannot write it ({error.strerror})") from None
+    return f"wrote {target} ({said})"
 
 
 def run(argv: list[str], prog: str) -> None:
     """`plan [RECIPE] [options] [recipe overrides]`: print (or --write, --json) the plan."""
-    import dataclasses
     import json
     import sys
 
-    import yaml
-
     from ..planner.hardware import INTERCONNECTS
-    from ..planner.plan import plan, plan_inputs
-    from ..planner.report import library_recipe, render, to_json, written_recipe
+    from ..planner.measured import NOT_ESTIMATED, estimated
+    from ..planner.plan import CANDIDATES, plan, plan_inputs
+    from ..planner.report import render, to_json
+    from ..planner.supported import refused_candidates
 
     name, own, overrides = split_command_line(argv, PLAN_FLAGS, ("--json",))
     parser = ArgumentParser(prog=f"{prog} plan", exit_on_error=False)
@@ -106,36 +216,40 @@ def run(argv: list[str], prog: str) -> None:
             raise RecipeError(f"--{flag}={getattr(options, flag):g} must be > 0")
     if not 0 <= options.margin < 1:
         raise RecipeError(f"--margin={options.margin:g} must be in [0, 1): the fraction of device memory kept free")
+    if options.write and Path(options.write).exists():  # before any measuring
+        raise RecipeError(f"--write {options.write}: the file exists (choose another name)")
     base = ["--config", str(find_recipe(name))] if name else list(PLAN_DEFAULTS)
     if options.parameters and not name:  # a bare count: plan it on the task's nearest reference shape
         task = task_for(parse_recipe([*base, *overrides], f"{prog} plan"))
         reference = (task.reference_model(options.parameters) or {}).items()
         base += [arg for key, value in reference for arg in (f"--{key}", str(value))]
     recipe = parse_recipe([*base, *overrides], f"{prog} plan")
-    cost = task_for(recipe).model_cost()
-    if cost is None:
-        raise RecipeError(f"plan: task={recipe.task} has no size formulas (Task.model_cost), so plan cannot tell")
+    task = task_for(recipe)
     device = plan_device(options, recipe)
+    cost = task.model_cost()
+    measured = measured_cost(recipe, task) if cost is None else None
+    refused = refused_candidates(recipe, CANDIDATES)
+    if measured is not None:  # what one rank without sharding cannot tell
+        refused |= {c.name: NOT_ESTIMATED for c in CANDIDATES if not estimated(c.option)}
+        if not measured.flops_per_sample:  # no FLOPs: no step-time bound
+            device = dataclasses.replace(device, peak_tflops=None)
+    cost = cost or measured
+    assert cost is not None
     parameters = int(options.parameters) if options.parameters else cost.parameters()
     host = options.host_memory_gib * 2**30 if options.host_memory_gib else None
     inputs = plan_inputs(recipe, cost, parameters, device, INTERCONNECTS[options.interconnect], options.margin, host)
+    inputs = dataclasses.replace(inputs, refused=refused)
     result = plan(inputs)
+    if measured is not None:
+        if result.recommended is None or result.micro_batch != inputs.micro_batch:
+            # Nothing fits at the recipe's micro batch without checkpointing: what checkpointing saves decides.
+            result = plan(dataclasses.replace(inputs, cost=with_checkpointing_measured(recipe, measured)))
+        # The candidates a measurement does not estimate are left out of the table.
+        result = dataclasses.replace(result, estimates=[e for e in result.estimates if estimated(e.candidate.option)])
     if options.json:
         print(json.dumps(to_json(result), indent=2))
     else:
         print(render(result))
     if options.write:
-        if result.recommended is None:
-            raise RecipeError(f"--write {options.write}: {result.reason}")
-        target = Path(options.write)
-        if target.exists():
-            raise RecipeError(f"--write {target}: the file exists (choose another name)")
-        # The library recipe the strategy names, else the one planned, else one of the same layout.
-        start = library_recipe(result.recommended.candidate, result.inputs) or name
-        inputs = result.inputs
-        path = find_recipe(start) if start else recipe_for_layout(inputs.cpu, inputs.num_nodes > 1)
-        library = yaml.safe_load(path.read_text())
-        recipe_dict = written_recipe(library, dataclasses.asdict(recipe.model), result)
-        header = f"# Written by `{prog} plan`: {result.reason}\n"
-        target.write_text(header + yaml.safe_dump(recipe_dict, sort_keys=False))
-        print(f"wrote {target}", file=sys.stderr if options.json else sys.stdout)
+        wrote = write_plan(result, recipe, name, Path(options.write), device, prog)
+        print(wrote, file=sys.stderr if options.json else sys.stdout)

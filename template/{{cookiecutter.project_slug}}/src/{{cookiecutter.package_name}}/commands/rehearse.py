@@ -14,20 +14,19 @@ import os
 import re
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jsonargparse import ArgumentParser
 
 from ..errors import RecipeError
+from ..planner.device import plan_device
 from ..recipe.library import find_recipe
 from ..recipe.load import parse_recipe, split_command_line
 from ..recipe.schema import Recipe
 from ..strategies import strategy_for
 from ..tasks import task_for
 from . import first_line
-from .plan import plan_device
 
 if TYPE_CHECKING:
     from ..planner.plan import Device
@@ -82,22 +81,35 @@ def chosen_ranks(text: str | None, recipe: Recipe) -> list[int]:
 
 def rehearse_ranks(recipe_argv: list[str], ranks: list[int]) -> list[dict[str, Any]]:
     """Each rank in a process of its own (as many at once as there are cores), forked from one that imported torch
-    and the rehearsal once (seconds a rank need not spend again); their results in rank order."""
+    and the rehearsal once (seconds a rank need not spend again); their results in rank order. The processes are
+    started from this thread alone: started from several, the fork server mixes up whose exit is whose."""
+    from multiprocessing.connection import wait
+
     processes = multiprocessing.get_context("forkserver")
     processes.set_forkserver_preload([f"{__package__.rsplit('.', 1)[0]}.training.rehearsal"])
-
-    def one(rank: int, folder: Path) -> dict[str, Any]:
-        out, log = folder / f"rank-{rank}.json", folder / f"rank-{rank}.log"
-        process = processes.Process(target=rank_process, args=(rank, out, log, recipe_argv))
-        process.start()
-        process.join()
-        if process.exitcode != 0 or not out.is_file():
-            why = last_error(log.read_text() if log.is_file() else "", process.exitcode)
-            raise RecipeError(f"rank {rank}: the rehearsal failed: {why}")
-        return json.loads(out.read_text())
-
-    with tempfile.TemporaryDirectory(prefix="rehearsal-") as folder, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        return list(pool.map(lambda rank: one(rank, Path(folder)), ranks))
+    results: dict[int, dict[str, Any]] = {}
+    waiting, running = list(ranks), {}
+    with tempfile.TemporaryDirectory(prefix="rehearsal-") as folder:
+        try:
+            while waiting or running:
+                while waiting and len(running) < (os.cpu_count() or 1):
+                    rank = waiting.pop(0)
+                    out, log = Path(folder) / f"rank-{rank}.json", Path(folder) / f"rank-{rank}.log"
+                    process = processes.Process(target=rank_process, args=(rank, out, log, recipe_argv))
+                    process.start()
+                    running[process.sentinel] = rank, process, out, log
+                for ended in wait(list(running)):
+                    rank, process, out, log = running.pop(ended)
+                    process.join()
+                    if process.exitcode != 0 or not out.is_file():
+                        why = last_error(log.read_text() if log.is_file() else "", process.exitcode)
+                        raise RecipeError(f"rank {rank}: the rehearsal failed: {why}")
+                    results[rank] = json.loads(out.read_text())
+        finally:
+            for _, process, _, _ in running.values():  # the others, when one failed
+                process.terminate()
+                process.join()
+    return [results[rank] for rank in ranks]
 
 
 def rank_process(rank: int, out: Path, log: Path, recipe_argv: list[str]) -> None:
@@ -119,9 +131,10 @@ def last_error(output: str, exitcode: int | None) -> str:
     return f"killed by signal {-exitcode}" if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
 
 
-def planned(recipe: Recipe, device: Device) -> dict[str, float] | None:
-    """What plan says one rank of this recipe holds (torch's split of the model states), or None without size
-    formulas or a plan option for the recipe's layout."""
+def planned(recipe: Recipe, device: Device) -> dict[str, Any] | None:
+    """What plan says one rank of this recipe holds (torch's split of the model states) and the collectives of its
+    step (where plan's communication model counts them, with the step decision's all_reduce), or None without
+    size formulas or a plan option for the recipe's layout."""
     from ..planner.hardware import INTERCONNECTS
     from ..planner.plan import Candidate, estimate, plan_inputs
     from ..precision import torch_model_states
@@ -136,16 +149,28 @@ def planned(recipe: Recipe, device: Device) -> dict[str, float] | None:
     shares = result.sizes
     states = torch_model_states(shares.parameters, recipe.precision, option.stage, shares.data_parallel)
     checkpointed = recipe.strategy.activation_checkpointing
-    activations = result.activations.checkpointed_peak if checkpointed else result.activations.held
+    activations = result.activations.checkpointed_peak if checkpointed else result.activations.peak
+    micro_batches = recipe.train.grad_accum_steps
+    collectives = strategy.plan_collectives(option, cost.n_layer, micro_batches)
+    if collectives is not None:
+        config, plain = recipe.strategy, cost.tensor_parallel_all_reduces(False)
+        recomputed = -(-cost.n_layer // config.activation_checkpointing_every) if checkpointed else 0
+        per_block = cost.tensor_parallel_all_reduces(True) - plain
+        tensor_parallel = (cost.n_layer * plain + recomputed * per_block) * micro_batches
+        # the step decision's one fused all_reduce, and tensor parallel's
+        collectives["allreduce"] = (
+            collectives.get("allreduce", 0) + 1 + (tensor_parallel if option.tensor_parallel > 1 else 0)
+        )
     return {
         "parameters_bytes": states.parameters,
         "gradients_bytes": states.gradients,
         "optimizer_bytes": states.optimizer,
         "peak_bytes": states.total + result.runtime_extra + activations,
+        "collectives": collectives,
     }
 
 
-def render(recipe: Recipe, ranks: list[dict[str, Any]], plan: dict[str, float] | None) -> str:
+def render(recipe: Recipe, ranks: list[dict[str, Any]], plan: dict[str, Any] | None) -> str:
     """One block per rank: its mesh, each figure beside plan's, its collectives."""
     from ..planner.plan import size
 
@@ -164,8 +189,11 @@ def render(recipe: Recipe, ranks: list[dict[str, Any]], plan: dict[str, float] |
             ratio = f"{measured / expected:.3f}" if expected else "-"
             planned_text = size(expected) if expected is not None else "-"
             lines.append(f"  {label:<10}{size(measured):>11}{planned_text:>11}{ratio:>8}")  # "1011.1 MiB" and a space
-        sent = rank["collective_bytes"]
-        collectives = ", ".join(f"{count} {name} ({size(sent[name])})" for name, count in rank["collectives"].items())
+        sent, counted = rank["collective_bytes"], (plan or {}).get("collectives") or {}
+        collectives = ", ".join(
+            f"{count} {name} ({size(sent[name])}" + (f"; plan {counted[name]})" if name in counted else ")")
+            for name, count in rank["collectives"].items()
+        )
         lines.append(f"  collectives per step: {collectives or 'none'}")
     if plan is None:
         lines.append("plan: the task has no size formulas or plan no option for this layout: measured figures only")

@@ -65,11 +65,12 @@ def pipeline_terms(
     pieces: int,
     precision: str,
     tensor_parallel: int = 1,
+    sixteen_bit_module: bool = False,
 ) -> PipelineTerms:
     """The bubble, held activations and p2p volume of `size` pipeline ranks on one micro-batch of `pieces` pieces."""
     layers = math.ceil(cost.n_layer / size)
     # Activations grow with the samples: a piece holds 1 / pieces of the micro-batch's, on layers / n_layer blocks.
-    whole = cost.activations(micro_batch, precision, tensor_parallel)
+    whole = cost.activations(micro_batch, precision, tensor_parallel, sixteen_bit_module)
     held = pieces_held(schedule, size, pieces, stages_per_rank) / pieces * layers / cost.n_layer
     activations = Activations(
         paper=whole.paper * held,
@@ -77,6 +78,7 @@ def pipeline_terms(
         held=whole.held * held,
         held_checkpointed=whole.held_checkpointed * held,
         recompute_peak=whole.recompute_peak / pieces,  # one block of one piece rebuilt
+        backward_transient=whole.backward_transient / pieces,  # the last stage's loss of one piece
     )
     return PipelineTerms(
         stages=size * stages_per_rank,

@@ -1,10 +1,9 @@
 """`plan`: the memory, communication and step time of every strategy for a model on a cluster, and the one to pick.
 
-Torch-free: the numbers come from `precision` (the ZeRO paper's model states), the task's `ModelCost`
-(its parameters, activations and FLOPs: tasks/base.py), `hardware` (GPU memory, peak FLOP/s, links) and the strategy
-families (strategies/*.py `plan_options`): each declares its candidates (ZeRO stage, tensor parallel,
-offload, communication, library recipes, the reason it is chosen), the bytes its runtime adds, and the
-`strategy:` section that selects it. This module knows no strategy by name.
+Torch-free: the numbers come from `precision` (the ZeRO paper's model states), the task's `ModelCost` (its size
+formulas, tasks/base.py, or a rehearsal's measurement, measured.py), `hardware` (GPU memory, peak FLOP/s, links) and the
+strategy families (strategies/*.py `plan_options`): each declares its candidates (ZeRO stage, tensor parallel, offload,
+communication, why), the bytes its runtime adds and its `strategy:` section. This module knows no strategy by name.
 
 Per device, each candidate holds:
 
@@ -15,7 +14,7 @@ Per device, each candidate holds:
 
 Communication per micro-batch step relative to ddp's gradient all-reduce (2 x parameters): 1x for ddp
 and ZeRO 1-2, 1.5x for ZeRO-3 / FSDP2 (ZeRO paper, section 7), hsdp 1.5x inside a node plus 1/devices
-across nodes, tensor parallel four all-reduces of s*b*h per layer per micro-batch. The step time is a
+across nodes, tensor parallel the all-reduces of s*b*h the task counts per layer (`tensor_parallel_all_reduces`). The step time is a
 lower bound: max(FLOPs / peak, data-parallel bytes / bandwidth, host or NVMe traffic) + tensor-parallel
 all-reduces (they sit on the critical path), for one optimizer step of the recipe's global batch; a pipeline
 stage whose ranks fit in a node reduces over the node's links. The pick (`choose`): the first that fits in
@@ -88,7 +87,7 @@ class Inputs:
     """What the plan is asked about: a model, a layout, a device and its links."""
 
     cost: ModelCost  # the task's size formulas for its model
-    task: str  # the recipe's task: a written plan starts from a library recipe of that task only
+    task: str  # the recipe's task: plan names a library recipe of its layout only when it is of that task
     parameters: int
     precision: str
     devices: int
@@ -100,6 +99,7 @@ class Inputs:
     margin: float = 0.1
     cpu: bool = False
     host_memory_bytes: float | None = None
+    refused: dict[str, str] | None = None  # candidate name -> why the task's recipe cannot run it
 
     @property
     def world_size(self) -> int:
@@ -184,7 +184,7 @@ def unavailable(candidate: Candidate, inputs: Inputs) -> str | None:
     stages, pp = option.pipeline_parallel * option.pipeline_stages_per_rank, option.pipeline_parallel
     if pp > 1 and (inputs.world_size % (pp * t) or inputs.cost.n_layer < stages):
         return f"{pp} pipeline stages x tensor parallel {t} must divide {inputs.world_size} ranks, {stages} <= n_layer"
-    return None
+    return (inputs.refused or {}).get(candidate.name)
 
 
 def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate:
@@ -197,11 +197,10 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
     pp = option.pipeline_parallel
     data_parallel = max(1, (inputs.devices if option.hybrid else inputs.world_size) // (t * pp))
     sixteen_bit = option.sixteen_bit_module and precision in MIXED
-    activation_precision = "bf16-true" if sixteen_bit else precision
     pipeline = None
     if pp > 1:  # each piece one sample: the smallest bubble the micro-batch allows
         schedule, per_rank = option.pipeline_schedule, option.pipeline_stages_per_rank
-        pipeline = pipeline_terms(cost, pp, schedule, per_rank, micro_batch, micro_batch, activation_precision, t)
+        pipeline = pipeline_terms(cost, pp, schedule, per_rank, micro_batch, micro_batch, precision, t, sixteen_bit)
         local = pipeline.layers * layer + root  # the largest stage: its blocks and (at most) every module outside
     paper = zero_model_states(local, precision, option.stage, data_parallel)
     sizes = PlanSizes(local, layer, root, precision, data_parallel)
@@ -212,10 +211,10 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
         paper = States(0.0, 0.0, 0.0)
         extra = [term for term in extra if not term.with_optimizer]
     terms = tuple((term.label, term.bytes) for term in extra)
-    acts = pipeline.activations if pipeline else cost.activations(micro_batch, activation_precision, t)
+    acts = pipeline.activations if pipeline else cost.activations(micro_batch, precision, t, sixteen_bit)
     base = paper.total + sum(value for _, value in terms)
-    checkpointing = base + acts.held > inputs.budget
-    total = base + (acts.checkpointed_peak if checkpointing else acts.held)
+    checkpointing = base + acts.peak > inputs.budget
+    total = base + (acts.checkpointed_peak if checkpointing else acts.peak)
     why_not = unavailable(candidate, inputs)
     fits = why_not is None and total <= inputs.budget
     if option.offload == "cpu" and inputs.host_memory_bytes is not None:

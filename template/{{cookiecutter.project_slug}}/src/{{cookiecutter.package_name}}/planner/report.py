@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from ..recipe.library import recipes_dir
+from .measured import MeasuredCost
 from .options import PlanOption
 from .plan import GB, GIB, Candidate, Inputs, Plan, count, device_word
 
@@ -45,8 +46,11 @@ def library_recipe(candidate: Candidate, inputs: Inputs) -> str | None:
     return name if (yaml.safe_load(path.read_text()) or {}).get("task") == inputs.task else None
 
 
-def strategy_section(candidate: Candidate, base: dict[str, Any], checkpointing: bool, cpu: bool) -> dict[str, Any]:
-    """The nested `strategy:` section for a candidate, keeping the base recipe's timeout, compile and meta_init."""
+def strategy_section(
+    candidate: Candidate, base: dict[str, Any], checkpointing: bool, cpu: bool, micro_batch: int
+) -> dict[str, Any]:
+    """The nested `strategy:` section for a candidate, keeping the base recipe's timeout, compile and meta_init; a
+    pipeline feeds each micro-batch of `micro_batch` samples through in pieces of one sample."""
     section: dict[str, Any] = {
         "name": None,  # the family's section below fills it in
         "process_group_backend": "gloo" if cpu else "nccl",
@@ -56,12 +60,17 @@ def strategy_section(candidate: Candidate, base: dict[str, Any], checkpointing: 
         "compile": base.get("compile", False),
         "meta_init": base.get("meta_init", False) and candidate.strategy.supports_meta_init,
     }
-    return {**section, **candidate.strategy.plan_section(candidate.option, base)}
+    section |= candidate.strategy.plan_section(candidate.option, base)
+    options_key = candidate.strategy.options_key
+    if candidate.option.pipeline_parallel > 1 and options_key:
+        section[options_key]["pipeline_microbatches"] = micro_batch
+    return section
 
 
 def written_recipe(base: dict[str, Any], model: dict[str, Any], result: Plan) -> dict[str, Any]:
-    """The recommended recipe: the library recipe `base` (as loaded from YAML) with the plan's model, layout,
-    precision, micro batch (the global batch kept by gradient accumulation) and strategy filled in."""
+    """The recommended recipe: `base` (the planned recipe as plain data: its task, model, data, train and the rest)
+    with the plan's model, layout, precision, micro batch (the global batch kept by gradient accumulation), strategy
+    and an out_dir of its own filled in."""
     best, inputs = result.recommended, result.inputs
     if best is None:
         raise ValueError("nothing fits: there is no recipe to write")
@@ -73,15 +82,13 @@ def written_recipe(base: dict[str, Any], model: dict[str, Any], result: Plan) ->
         precision=inputs.precision,
         out_dir=f"runs/planned-{best.candidate.name}",
     )
-    recipe["strategy"] = strategy_section(best.candidate, base.get("strategy", {}), best.checkpointing, inputs.cpu)
+    strategy = base.get("strategy") or {}
+    recipe["strategy"] = strategy_section(best.candidate, strategy, best.checkpointing, inputs.cpu, result.micro_batch)
     recipe["model"] = {**recipe.get("model", {}), **model}
     sequences = inputs.micro_batch * inputs.grad_accum
     recipe.setdefault("train", {}).update(
         micro_batch_size=result.micro_batch, grad_accum_steps=max(1, sequences // result.micro_batch)
     )
-    if best.pipeline is not None:  # one sample a piece
-        strategy = recipe["strategy"]
-        strategy[strategy["name"]]["pipeline_microbatches"] = result.micro_batch  # the family's options section
     return recipe
 
 
@@ -107,7 +114,7 @@ def render(result: Plan) -> str:
     ]
     for e in result.estimates:
         cells = [e.states.parameters, e.states.gradients, e.states.optimizer, e.runtime_extra]
-        cells += [e.activations.held, e.activations.checkpointed_peak, e.total]
+        cells += [e.activations.peak, e.activations.checkpointed_peak, e.total]
         row = "".join(f"{value / scale:9.2f}" for value in cells)
         offloaded = f"{e.offloaded / GIB:.1f} GiB" if e.offloaded else "-"
         fits = "yes" if e.fits else ("n/a" if e.unavailable else "no")
@@ -140,7 +147,7 @@ def to_json(result: Plan) -> dict[str, Any]:
     inputs = result.inputs
     options = []
     for e in result.estimates:
-        used = e.activations.checkpointed_peak if e.checkpointing else e.activations.held
+        used = e.activations.checkpointed_peak if e.checkpointing else e.activations.peak
         options.append(
             {
                 "strategy": e.candidate.name,
@@ -153,7 +160,7 @@ def to_json(result: Plan) -> dict[str, Any]:
                 "runtime_extra_bytes": e.runtime_extra,
                 "runtime_extra_terms": dict(e.runtime_terms),
                 "activation_bytes": used,
-                "activation_bytes_without_checkpointing": e.activations.held,
+                "activation_bytes_without_checkpointing": e.activations.peak,
                 "activation_bytes_with_checkpointing": e.activations.checkpointed_peak,
                 "paper_activation_bytes": e.activations.paper,
                 "paper_activation_bytes_with_recomputation": e.activations.paper_checkpointed,
@@ -194,6 +201,7 @@ def to_json(result: Plan) -> dict[str, Any]:
         "device": {"name": inputs.gpu.name, "memory_bytes": inputs.gpu.memory_bytes, "usable_bytes": inputs.budget},
         "precision": inputs.precision,
         "model": inputs.cost.describe(),
+        "sizes_from": "rehearsal" if isinstance(inputs.cost, MeasuredCost) else "formulas",
         "micro_batch_size": inputs.micro_batch,
         "options": options,
         "recommended": recommended,

@@ -105,6 +105,11 @@ class TrainingStrategy:
         """What this runtime holds per device beyond the paper's model states (buffers, extra copies)."""
         return []
 
+    def plan_collectives(self, option: PlanOption, blocks: int, micro_batches: int) -> dict[str, int] | None:
+        """The data-parallel collectives of one optimizer step of `micro_batches` as plan's communication model
+        counts them, by name (`rehearse` counts the same names); None: the model gives no count."""
+        return None
+
     def plan_section(self, option: PlanOption, base: dict[str, Any]) -> dict[str, Any]:
         """The keys of a recipe's `strategy:` section that select `option` (`base`: the library recipe's section)."""
         return {"name": self.name}

@@ -27,7 +27,7 @@ from .base import (
     divisors,
     process_group_options,
 )
-from .pipeline_checks import check_pipeline
+from .pipeline_checks import check_pipeline, pipeline_rehearsal_problem
 
 if TYPE_CHECKING:
     import torch
@@ -181,6 +181,11 @@ class FSDP2(TrainingStrategy):
         ]
         return [sharded, *tensor_parallel, *pipeline]
 
+    def rehearsal_problem(self) -> str | None:
+        if self.pipeline_parallel_size > 1 and (problem := pipeline_rehearsal_problem(self)):
+            return problem
+        return super().rehearsal_problem()
+
     def recipe_plan_option(self) -> PlanOption | None:
         """The recipe's own layout: its tensor-parallel size, pipeline stages and schedule."""
         import dataclasses
@@ -220,6 +225,15 @@ class FSDP2(TrainingStrategy):
                 "root (embeddings, head) gathered for the step", weight * sizes.root * (1 - 1 / sizes.data_parallel)
             ),
         ]
+
+    def plan_collectives(self, option: PlanOption, blocks: int, micro_batches: int) -> dict[str, int] | None:
+        # Per micro-batch each block is gathered for forward and again for backward, the root (embeddings, head:
+        # not resharded after forward) once, and every gradient is reduce-scattered into its shard; hsdp all-reduces
+        # the shards across its replicas once per step.
+        if option.pipeline_parallel > 1:
+            return None
+        counts = {"allgather": (2 * blocks + 1) * micro_batches, "reduce_scatter": (blocks + 1) * micro_batches}
+        return counts | ({"allreduce": blocks + 1} if option.hybrid else {})
 
     def plan_section(self, option: PlanOption, base: dict[str, Any]) -> dict[str, Any]:
         section: dict[str, Any] = {"tensor_parallel_size": option.tensor_parallel, "float8": False}
@@ -307,11 +321,23 @@ class FSDP2(TrainingStrategy):
 
     @contextmanager
     def no_backward_sync(self, fabric: Fabric, model: Any, enabled: bool) -> Iterator[None]:
-        if self.pipeline_parallel_size > 1:  # the schedule reduces the gradients after its last piece
+        """Every micro-batch's gradients are reduce-scattered into the shards: skipping it (Fabric's no_backward_sync)
+        would keep every layer's unsharded fp32 gradient until the step's last micro-batch, a whole unsharded copy
+        of the model per rank. Across hsdp's replicas the all-reduce of the shards waits for the last micro-batch.
+        A pipeline's schedule reduces the gradients after its last piece."""
+        from torch.distributed.fsdp import FSDPModule
+
+        replicated = [m for m in model.modules() if isinstance(m, FSDPModule)] if self.hybrid else []
+        if not enabled or self.pipeline_parallel_size > 1 or not replicated:
             yield
             return
-        with super().no_backward_sync(fabric, model, enabled):
+        for module in replicated:
+            module.set_requires_all_reduce(False, recurse=False)
+        try:
             yield
+        finally:
+            for module in replicated:
+                module.set_requires_all_reduce(True, recurse=False)
 
     def forward_backward(
         self,

@@ -23,6 +23,9 @@ V_SCHEDULES = ("ZBVZeroBubble",)
 # what would be the bubble). The weight half reads the stage's gathered weights, so under fully_shard a stage's
 # blocks stay gathered from forward to backward (fully_shard.py).
 ZERO_BUBBLE_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble")
+# Block passes (pieces x blocks) a rank's micro-batch takes at most for `rehearse` to run it: each is a forward and a
+# backward on fake tensors, 10 to 100 ms (llama-70b-pp-fsdp2-tp-multinode: 8 pieces x 20 blocks a rank, 20 s).
+REHEARSED_BLOCK_PASSES = 4096
 
 
 def check_pipeline(strategy: Any) -> None:
@@ -80,3 +83,18 @@ def check_pipeline(strategy: Any) -> None:
             f"{field}.pipeline_split={split} must give each of the {stages} stages >= 1 block, {blocks} in all"
             " (or [] to balance by parameter count)"
         )
+
+
+def pipeline_rehearsal_problem(strategy: Any) -> str | None:
+    """Why `rehearse` does not run this pipeline (one line naming the field), or None: every piece of a micro-batch
+    runs through every block of a rank, and past REHEARSED_BLOCK_PASSES that takes too long to wait for."""
+    options = strategy.options
+    pieces, size = options.pipeline_microbatches, options.pipeline_parallel_size
+    blocks = -(-strategy.task.pipeline_blocks() // size)  # on the rank that holds the most
+    if pieces * blocks <= REHEARSED_BLOCK_PASSES:
+        return None
+    return (
+        f"{field_path(StrategyConfig, 'fsdp2')}.pipeline_microbatches={pieces}: not rehearsed: {pieces} pieces through"
+        f" {blocks} blocks a rank are {pieces * blocks} block passes a micro-batch, more than a rehearsal runs in"
+        f" minutes ({REHEARSED_BLOCK_PASSES}); rehearse the layout with fewer pieces"
+    )

@@ -73,11 +73,18 @@ class Activations:
     held: float  # this project's model: what autograd holds for backward at the end of forward
     held_checkpointed: float  # the same with every block checkpointed
     recompute_peak: float  # one block's activations, rebuilt while backward recomputes it
+    backward_transient: float  # what backward adds at its start, beside all that forward held: the loss's gradients
+
+    @property
+    def peak(self) -> float:
+        """Activations at their peak without checkpointing: all that forward held, and the loss's gradients."""
+        return self.held + self.backward_transient
 
     @property
     def checkpointed_peak(self) -> float:
-        """Checkpointed activations at their peak: every block's input plus one block rebuilt."""
-        return self.held_checkpointed + self.recompute_peak
+        """Checkpointed activations at their peak: every block's input, plus one block rebuilt or, before the
+        first is, the loss's gradients."""
+        return self.held_checkpointed + max(self.recompute_peak, self.backward_transient)
 
 
 class ModelCost(Protocol):
@@ -108,8 +115,11 @@ class ModelCost(Protocol):
         """The shape in one line, for plan's header."""
         ...
 
-    def activations(self, micro_batch: int, precision: str, tensor_parallel: int = 1) -> Activations:
-        """Activation bytes of one micro-batch."""
+    def activations(
+        self, micro_batch: int, precision: str, tensor_parallel: int = 1, sixteen_bit_module: bool = False
+    ) -> Activations:
+        """Activation bytes of one micro-batch under the run's `precision`; `sixteen_bit_module`: the blocks hold
+        16-bit weights under mixed precision (fsdp2's gathered blocks), while autocast still runs the loss."""
         ...
 
     def layer_activations(self, micro_batch: int, precision: str) -> float:
@@ -118,6 +128,11 @@ class ModelCost(Protocol):
 
     def tensor_parallel_elements(self, micro_batch: int) -> float:
         """Elements all-reduced per micro-batch by tensor parallel, times (t - 1) / t (0 when it has none)."""
+        ...
+
+    def tensor_parallel_all_reduces(self, checkpointed: bool) -> int:
+        """All-reduces one block issues per micro-batch under tensor parallel: each row-parallel output in forward,
+        each column-parallel layer's input gradient in backward, and what full checkpointing recomputes."""
         ...
 
     def hidden_elements(self, micro_batch: int) -> float:
@@ -192,7 +207,7 @@ class Task:
         return 1
 
     def model_cost(self) -> ModelCost | None:
-        """The model's size formulas for `plan`; None when the task has none (plan says it cannot tell)."""
+        """The model's size formulas for `plan`; None when the task has none (plan then measures a rehearsed step)."""
         return None
 
     def describe(self) -> str | None:

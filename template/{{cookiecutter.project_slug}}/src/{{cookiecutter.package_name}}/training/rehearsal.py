@@ -39,6 +39,12 @@ from .run import build_fabric
 from .step_decision import decide
 
 COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+# The functional collectives (DTensor's) under the names of the process group's (fully_shard's, Fabric's).
+SAME_COLLECTIVE = {
+    "all_reduce": "allreduce",
+    "all_gather_into_tensor": "allgather",
+    "reduce_scatter_tensor": "reduce_scatter",
+}
 
 
 class Collectives(TorchDispatchMode):
@@ -49,23 +55,19 @@ class Collectives(TorchDispatchMode):
         super().__init__()
         self.counts: Counter[str] = Counter()
         self.bytes: Counter[str] = Counter()
+        self.ddp_buckets: dict[int, int] = {}  # DDP's gradient buckets, by index: bytes it holds for the whole run
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if (device := answered_device(func, args)) is not None:
             return device
         out = func(*args, **(kwargs or {}))
         if func.namespace in COLLECTIVE_NAMESPACES and not func.__name__.startswith("wait"):
-            name = func.__name__.split(".")[0].strip("_").removesuffix("_")
+            name = func.__name__.split(".")[0].strip("_").removesuffix("_").removesuffix("_base")
+            name = SAME_COLLECTIVE.get(name, name)
             tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
             self.counts[name] += 1
             self.bytes[name] += max((t.numel() * t.element_size() for t in tensors), default=0)
         return out
-
-    def repeat(self, times: int) -> None:
-        """Count what was issued so far `times` times in all."""
-        for counter in (self.counts, self.bytes):
-            for name in counter:
-                counter[name] *= times
 
 
 def answered_device(func: Any, args: Any) -> torch.device | None:
@@ -154,19 +156,32 @@ def become_rank(rank: int, recipe: Any) -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
 
 
+class NoHook:
+    """A hook handle for a parameter that gets none (a frozen one)."""
+
+    def remove(self) -> None:
+        """Nothing to remove."""
+
+
 def memory_tracker(model: Any, optimizer: Any) -> Any:
     """torch's FSDP-aware tracker where fully_shard sharded the model as one, its generic one otherwise (without its
-    module hooks for a pipeline's stages: `storage_tracker`)."""
+    module hooks for a pipeline's stages: `storage_tracker`). Frozen parameters (LoRA's base weights) get no gradient
+    hook: torch's trackers would register one on every parameter, which torch refuses for a tensor that requires no
+    gradient."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(model, FSDPModule):
-        return FSDPMemTracker(cast(Any, model), optimizer)
-    if isinstance(model, PipelineRank):  # several stages, each sharded as a model of its own
-        return storage_tracker(model, optimizer)
-    tracker = MemTracker()
-    tracker.track_external(model, optimizer)
+        tracker: Any = FSDPMemTracker(cast(Any, model), optimizer)
+    elif isinstance(model, PipelineRank):  # several stages, each sharded as a model of its own
+        tracker = storage_tracker(model, optimizer)
+    else:
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer)
+    for parameter in model.parameters():
+        if not parameter.requires_grad:
+            tracker._param_to_grad_hook_handles[parameter] = (NoHook(), NoHook())
     return tracker
 
 
@@ -213,13 +228,15 @@ def storage_tracker(model: Any, optimizer: Any) -> Any:
 def count_ddp_buckets(model: Any, collectives: Collectives) -> None:
     """DDP's reducer all-reduces its gradient buckets through the process group directly, past the operators
     `Collectives` sees, and expects a tensor back, which the fake group does not give: a communication hook counts
-    each bucket and hands it back as reduced."""
+    each bucket and hands it back as reduced. The buckets are flat buffers DDP allocated when it wrapped the model,
+    before the memory tracker started: their bytes are recorded here and added to the peak."""
     from torch.nn.parallel import DistributedDataParallel
 
     def counted(state, bucket):  # type: ignore[no-untyped-def]  # torch reads the annotations: none, or its class
         buffer = bucket.buffer()
         collectives.counts["allreduce"] += 1
         collectives.bytes["allreduce"] += buffer.numel() * buffer.element_size()
+        collectives.ddp_buckets[bucket.index()] = buffer.numel() * buffer.element_size()
         done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         done.set_result(buffer)
         return done
@@ -227,6 +244,22 @@ def count_ddp_buckets(model: Any, collectives: Collectives) -> None:
     for module in model.modules():
         if isinstance(module, DistributedDataParallel):
             module.register_comm_hook(None, counted)
+
+
+def swap_unless_same(swap: Any) -> Any:
+    """torch's swap_tensors, made a no-op between two tensors of the same dtype, device and layout. Moving a module to
+    the device and dtype it already has (peft does so for each adapter it adds) swaps each fake parameter with a
+    fake copy, which torch refuses for tensors that are weakly referenced, as fake tensors are; a fake tensor holds
+    no values, so the copy would change nothing."""
+
+    def layout(tensor: torch.Tensor) -> tuple[Any, ...]:
+        return tensor.dtype, tensor.device, tensor.shape, tensor.stride()
+
+    def swap_tensors(first: torch.Tensor, second: torch.Tensor) -> None:
+        if first is not second and layout(first) != layout(second):
+            swap(first, second)
+
+    return swap_tensors
 
 
 def rehearse_rank(recipe: Any, rank: int) -> dict[str, Any]:
@@ -243,6 +276,7 @@ def rehearse_rank(recipe: Any, rank: int) -> dict[str, Any]:
     fabric.strategy.module_to_device = lambda module: None  # type: ignore[method-assign]
     fabric.seed_everything(recipe.train.seed)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
+    torch.utils.swap_tensors = swap_unless_same(torch.utils.swap_tensors)  # this process only rehearses
     with fake, RealWhereReal():
         batch = task.example_batch(recipe.train.micro_batch_size)
         if callable(give_shapes := getattr(strategy, "give_stages_shapes_of", None)):
@@ -256,24 +290,32 @@ def rehearse_rank(recipe: Any, rank: int) -> dict[str, Any]:
     ShardingPropagator._fake_mode_lock = ShardingUnseen(tracker)  # type: ignore[assignment]
     count_ddp_buckets(model, collectives)
     accumulate = recipe.train.grad_accum_steps
-    # A pipeline's micro-batch is its schedule over every piece, by far the most to rehearse, and the step's later
-    # micro-batches run that schedule again with one difference: the gradients the first reduced are held through
-    # them. One is run; the others' collectives are counted, and their peak is its peak with those gradients held.
-    rehearsed = 1 if isinstance(module, PipelineRank) else accumulate
+    # The first micro-batch and the last are rehearsed: the ones between hold what the first holds beside the
+    # gradients the last finds, and issue the first's collectives again, which are counted so. A pipeline's
+    # micro-batch is its schedule over every piece, by far the most to rehearse, and the same whichever micro-batch
+    # it is but for the gradients the earlier ones reduced, held through it: the first alone runs, and the last's
+    # peak is its peak with those gradients held.
+    pipelined = isinstance(module, PipelineRank)
+    rehearsed = [0] if pipelined else sorted({0, accumulate - 1})
     with fake, RealWhereReal(), tracker, collectives:
-        for micro_step in range(rehearsed):
+        for micro_step in rehearsed:
+            issued = Counter(collectives.counts), Counter(collectives.bytes)
             with strategy.no_backward_sync(fabric, model, enabled=micro_step < accumulate - 1):
                 strategy.forward_backward(fabric, model, fabric.to_device(batch), accumulate, lambda loss: loss)
             tracker.reset_mod_stats()  # per-module figures of one micro-batch; the peak is kept across them
-        collectives.repeat(accumulate // rehearsed)
+            if micro_step == 0:
+                between = accumulate - len(rehearsed)
+                for counted, before in zip((collectives.counts, collectives.bytes), issued, strict=True):
+                    counted.update({name: between * (value - before[name]) for name, value in counted.items()})
         gradients = local_bytes(p.grad for p in module.parameters() if p.grad is not None)
-        micro_batch_peak = total(tracker.get_tracker_snapshot("peak")) + (gradients if rehearsed < accumulate else 0)
+        held_by_the_last = gradients if pipelined and accumulate > 1 else 0
         decide(fabric, torch.zeros(()), recipe.train.on_nonfinite_loss, 0, False)  # its flags stay real
-        strategy.clip(fabric, model, optimizer, max_norm=recipe.train.grad_clip)
-    # The step itself runs outside the tracker: fused AdamW updates in place on a GPU, while its fake kernel
-    # returns new tensors. From the second step on the state lives through forward and backward, so the step's
-    # peak is the tracked one plus the optimizer state.
+    # Clipping and the step run outside the tracker: both update in place on a GPU (the gradients scaled, fused
+    # AdamW), while their fake kernels return new tensors, as many bytes as the whole model's gradients. From the
+    # second step on the optimizer state lives through forward and backward, so the step's peak is the tracked one
+    # plus the optimizer state.
     with fake, RealWhereReal(), collectives:
+        strategy.clip(fabric, model, optimizer, max_norm=recipe.train.grad_clip)
         optimizer.step()
         optimizer_state = local_bytes(
             value
@@ -287,11 +329,11 @@ def rehearse_rank(recipe: Any, rank: int) -> dict[str, Any]:
     return {
         "rank": rank,
         "mesh": mesh_coordinates(fabric, rank, recipe.world_size),
-        "blocks": cast(Any, module).blocks.indices() if isinstance(module, PipelineRank) else None,  # its stages'
+        "blocks": cast(Any, module).blocks.indices() if pipelined else None,  # its stages'
         "parameters_bytes": parameters,
         "gradients_bytes": gradients,
         "optimizer_bytes": optimizer_state,
-        "peak_bytes": max(total(peak), micro_batch_peak) + optimizer_state,
+        "peak_bytes": total(peak) + held_by_the_last + optimizer_state + sum(collectives.ddp_buckets.values()),
         "peak_by_kind": {str(kind): int(size) for device in peak.values() for kind, size in device.items()},
         "collectives": counts,
         "collective_bytes": sent,
@@ -301,6 +343,9 @@ def rehearse_rank(recipe: Any, rank: int) -> dict[str, Any]:
 def rehearse_to_file(rank: int, out: Path, recipe_argv: list[str]) -> None:
     """Rehearse rank `rank` of the recipe that `recipe_argv` gives, its figures written to `out` as JSON."""
     recipe = parse_recipe(recipe_argv, "rehearse")
+    # Compiling for fake tensors takes minutes per rank and builds CPU kernels, not the GPU's: the blocks run eager,
+    # as autograd saves their activations without the fusions compile may find.
+    recipe.strategy.compile = False
     out.write_text(json.dumps(rehearse_rank(recipe, rank)))
     dist.destroy_process_group()
 

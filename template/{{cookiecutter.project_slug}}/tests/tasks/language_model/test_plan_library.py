@@ -48,7 +48,7 @@ def test_over_slow_links_between_nodes_a_pipeline_keeps_its_gathers_in_a_node_an
     options = {option["strategy"]: option for option in slow["options"]}
     assert options["fsdp2_pp8"]["activation_checkpointing"] and not options["fsdp2_pp8_tp8"]["activation_checkpointing"]
     assert slow["recommended"]["strategy"] == "fsdp2_pp8_tp8"
-    assert "bound at 7.53 s against 358.40 s for fsdp2, the cheapest that fits" in slow["recommended"]["reason"]
+    assert "bound at 7.70 s against 358.40 s for fsdp2, the cheapest that fits" in slow["recommended"]["reason"]
 
 
 def test_70b_on_one_node_of_8_x_24_gb_gets_offload(capsys: pytest.CaptureFixture[str]) -> None:
@@ -176,11 +176,13 @@ def test_write_turns_a_recommended_pipeline_into_a_recipe_that_loads(
     """The 70B recipe's activations fit only in a pipeline's stages: the written recipe runs one, one sample a piece."""
     target = tmp_path / "mine.yaml"
     main(["plan", str(RECIPES / "llama-70b-pp-fsdp2-tp-multinode.yaml"), "--gpu", "H100", "--write", str(target)])
-    assert "recommended: fsdp2_pp2_tp8_zbv" in capsys.readouterr().out  # the layout's quicker schedule: no bubble
+    # 2 stages of 40 blocks miss the 10% margin by the loss's gradients (the logits of 128256 tokens): 4 stages,
+    # under the layout's quicker schedule (no bubble)
+    assert "recommended: fsdp2_pp4_tp8_zbv" in capsys.readouterr().out
     recipe = load_recipe(target)  # the recipe checks pass
     options = recipe.strategy.fsdp2
     layout = options.pipeline_parallel_size, options.pipeline_schedule, options.pipeline_stages_per_rank
-    assert (*layout, options.tensor_parallel_size) == (2, "ZBVZeroBubble", 2, 8)
+    assert (*layout, options.tensor_parallel_size) == (4, "ZBVZeroBubble", 2, 8)
     assert options.pipeline_microbatches == recipe.train.micro_batch_size == 8
     assert recipe.eval.every_steps == 2000  # the library recipe's validation, which runs through the pipeline
 

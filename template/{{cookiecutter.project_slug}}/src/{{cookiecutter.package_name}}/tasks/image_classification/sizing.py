@@ -64,7 +64,7 @@ class ViTShape:
         c, t = self.config, tensor_parallel
         tokens, h = c.sequence_length * micro_batch, c.n_embd
         norms = 2 * r * tokens * h + 2 * 2 * 4 * tokens  # inputs, plus mean and 1/std in fp32
-        normed = 2 * a * tokens * h
+        normed = (4 if precision in MIXED else 2) * a * tokens * h  # autocast: q, k, v and fc each save a copy
         attention = 3 * a * tokens * h / t + a * tokens * h / t + 4 * micro_batch * c.n_head * c.sequence_length / t
         mlp = 2 * a * tokens * c.mlp_hidden_size / t
         weights = 0.0
@@ -73,7 +73,11 @@ class ViTShape:
             weights = 2 * (split / t + replicated)
         return norms + normed + attention + mlp + weights
 
-    def activations(self, micro_batch: int, precision: str, tensor_parallel: int = 1) -> Activations:
+    def activations(
+        self, micro_batch: int, precision: str, tensor_parallel: int = 1, sixteen_bit_module: bool = False
+    ) -> Activations:
+        if sixteen_bit_module and precision in MIXED:  # 16-bit blocks; the loss's handful of logits aside
+            precision = "bf16-true"
         a, r = activation_bytes(precision)
         c, t = self.config, tensor_parallel
         s, h = c.sequence_length, c.n_embd
@@ -88,11 +92,18 @@ class ViTShape:
             held=c.n_layer * layer + outside,
             held_checkpointed=c.n_layer * r * tokens * h + outside,
             recompute_peak=layer,
+            backward_transient=2 * 4 * micro_batch * c.num_classes,  # the gradients of the log-softmax and logits
         )
 
     def tensor_parallel_elements(self, micro_batch: int) -> float:
-        """Four all-reduces of s*b*h per block per micro-batch (two in forward, two in backward)."""
-        return 8 * self.config.n_layer * self.config.sequence_length * micro_batch * self.config.n_embd
+        """The all-reduces of s*b*h per block per micro-batch (a ring all-reduce moves each element twice)."""
+        c = self.config
+        return 2 * self.tensor_parallel_all_reduces(False) * c.n_layer * c.sequence_length * micro_batch * c.n_embd
+
+    def tensor_parallel_all_reduces(self, checkpointed: bool) -> int:
+        """Forward: the two row-parallel outputs; backward: the input gradients of q, k, v and fc, each reduced on
+        its own; full checkpointing recomputes the attention's output."""
+        return 2 + 4 + (1 if checkpointed else 0)
 
     def hidden_elements(self, micro_batch: int) -> float:
         """s*b*h: one block's output for a micro-batch (what a pipeline stage sends the next)."""

@@ -16,7 +16,8 @@ project's GPT, derived the same way from what its autograd graph saves:
 
     per layer, pre-norm block, fused scaled-dot-product attention, no dropout (pre-training):
       layer-norm inputs         2 * r * s*b*h     (r: bytes of the residual stream, fp32 under mixed precision)
-      normed inputs of q/k/v, fc  2 * a * s*b*h   (a: bytes of an activation in the compute dtype)
+      normed inputs of q/k/v, fc  2 * a * s*b*h   (a: bytes of an activation in the compute dtype; under autocast
+                                  each linear casts and saves its own copy: 4 * a * s*b*h, SwiGLU 5 * a * s*b*h)
       q, k, v                   a * s*b*(h + 2*h_kv) / t
       attention output          a * s*b*h / t     (and its logsumexp, 4 * b*heads*s / t: no s*s scores are stored)
       fc output, GELU output    2 * a * s*b*ffn / t   (SwiGLU: 4 * a * s*b*ffn / t: gate, up, SiLU(gate), product)
@@ -25,9 +26,11 @@ project's GPT, derived the same way from what its autograd graph saves:
     with activation checkpointing: r * s*b*h per checkpointed layer (its input), plus one layer's
     activations while backward recomputes it
     embeddings and head: the token ids (8 bytes each), the final norm's input and output, and the log-softmax
-    of the logits, s*b*v in fp32 (cross entropy runs in fp32 under autocast)
+    of the logits, s*b*v in fp32 (cross entropy runs in fp32 under autocast); backward begins with two more
+    logits-sized tensors (the gradients of the log-softmax and of the logits) while all of that is still held
     A 16-bit module (fsdp2/hsdp under fully_shard's MixedPrecisionPolicy, DeepSpeed under bf16-mixed) is
-    counted as bf16-true: r = a = 2 and no weight copies (measured: tests/e2e/test_mixed_precision.py).
+    counted as bf16-true: r = a = 2 and no weight copies (measured: tests/e2e/test_mixed_precision.py), its loss
+    in fp32 as autocast computes it.
 
 The tensor-parallel plan of this project splits q, k, v, fc by columns and the output projections by
 rows, with no sequence parallelism: norms, residuals and the head stay whole on every rank.
@@ -84,15 +87,30 @@ class Shape:
         shape = f"n_layer={self.n_layer}, n_embd={self.n_embd}, n_head={self.n_head}, vocab_size={self.vocab_size}"
         return f"{shape}, sequence {self.sequence_length}"
 
-    def activations(self, micro_batch: int, precision: str, tensor_parallel: int = 1) -> Activations:
-        return activations(self, micro_batch, precision, tensor_parallel)
+    def activations(
+        self, micro_batch: int, precision: str, tensor_parallel: int = 1, sixteen_bit_module: bool = False
+    ) -> Activations:
+        return activations(self, micro_batch, precision, tensor_parallel, sixteen_bit_module=sixteen_bit_module)
 
     def layer_activations(self, micro_batch: int, precision: str) -> float:
         return layer_activations(self, micro_batch, precision)
 
     def tensor_parallel_elements(self, micro_batch: int) -> float:
-        """Four all-reduces of s*b*h per layer per micro-batch (two in forward, two in backward)."""
-        return 8 * self.n_layer * self.sequence_length * micro_batch * self.n_embd
+        """The all-reduces of s*b*h per layer per micro-batch (a ring all-reduce moves each element twice)."""
+        return (
+            2
+            * self.tensor_parallel_all_reduces(False)
+            * self.n_layer
+            * self.sequence_length
+            * micro_batch
+            * self.n_embd
+        )
+
+    def tensor_parallel_all_reduces(self, checkpointed: bool) -> int:
+        """Forward: the two row-parallel outputs (attention, MLP). Backward: the input gradient of each
+        column-parallel linear, reduced on its own: q, k, v, and fc (SwiGLU: gate and up). Full checkpointing
+        recomputes the attention's output, which the second norm saves, and stops before the MLP's."""
+        return 2 + 3 + (2 if self.gated_mlp else 1) + (1 if checkpointed else 0)
 
     def hidden_elements(self, micro_batch: int) -> float:
         """s*b*h: one block's output for a micro-batch (what a pipeline stage sends the next)."""
@@ -190,7 +208,9 @@ def layer_activations(shape: Shape, micro_batch: int, precision: str, tensor_par
     s, b, h, t = shape.sequence_length, micro_batch, shape.n_embd, tensor_parallel
     tokens = s * b
     norms = 2 * r * tokens * h + 2 * 2 * 4 * tokens  # inputs, plus mean and 1/std in fp32
-    normed = 2 * a * tokens * h  # under mixed precision autocast's 16-bit copy of the fp32 norm output
+    # A norm's output is saved once by the linears that read it; under autocast each linear casts the fp32 output
+    # itself and saves its own 16-bit copy: q, k and v, then fc (SwiGLU: gate and up).
+    normed = (3 + (2 if shape.gated_mlp else 1) if precision in MIXED else 2) * a * tokens * h
     qkv = a * tokens * (h + 2 * shape.kv_width) / t
     attention = a * tokens * h / t + 4 * b * shape.n_head * s / t
     mlp = (4 if shape.gated_mlp else 2) * a * tokens * shape.ffn_hidden / t
@@ -202,19 +222,26 @@ def layer_activations(shape: Shape, micro_batch: int, precision: str, tensor_par
 
 
 def activations(
-    shape: Shape, micro_batch: int, precision: str, tensor_parallel: int = 1, checkpoint_every: int = 1
+    shape: Shape,
+    micro_batch: int,
+    precision: str,
+    tensor_parallel: int = 1,
+    checkpoint_every: int = 1,
+    sixteen_bit_module: bool = False,
 ) -> Activations:
-    """Activation bytes per device per micro-batch: the paper's formula and this project's model."""
-    a, r = activation_bytes(precision)
+    """Activation bytes per device per micro-batch: the paper's formula and this project's model. A 16-bit module
+    under mixed precision computes its blocks as bf16-true, and autocast still runs the loss in fp32."""
+    blocks = "bf16-true" if sixteen_bit_module and precision in MIXED else precision
+    a, r = activation_bytes(blocks)
     s, b, h, t, v = shape.sequence_length, micro_batch, shape.n_embd, tensor_parallel, shape.vocab_size
     heads, layers = shape.n_head, shape.n_layer
     tokens = s * b
     paper_layer = tokens * h * (10 + 24 / t + 5 * heads * s / (h * t))
     paper_outside = 4 * tokens * h * (1 + v / h) / t
-    layer = layer_activations(shape, micro_batch, precision, tensor_parallel)
+    layer = layer_activations(shape, micro_batch, blocks, tensor_parallel)
     logits = (2 if precision in HALF_TRUE else 4) * tokens * v  # the log-softmax the loss saves
     outside = 8 * tokens + 8 * s + r * tokens * h + a * tokens * h + 2 * 4 * tokens + logits
-    if precision in MIXED:
+    if blocks in MIXED:
         outside += 2 * v * h  # the head's bf16 weight copy
     checkpointed = -(-layers // checkpoint_every)
     return Activations(
@@ -223,6 +250,8 @@ def activations(
         held=layers * layer + outside,
         held_checkpointed=checkpointed * r * tokens * h + (layers - checkpointed) * layer + outside,
         recompute_peak=layer,
+        # backward begins with the loss's gradient of the log-softmax and of the logits, both logits-sized
+        backward_transient=2 * logits,
     )
 
 
