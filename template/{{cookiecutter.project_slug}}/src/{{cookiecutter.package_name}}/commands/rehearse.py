@@ -88,7 +88,8 @@ def rehearse_ranks(recipe_argv: list[str], ranks: list[int]) -> list[dict[str, A
     processes = multiprocessing.get_context("forkserver")
     processes.set_forkserver_preload([f"{__package__.rsplit('.', 1)[0]}.training.rehearsal"])
     results: dict[int, dict[str, Any]] = {}
-    waiting, running = list(ranks), {}
+    waiting = list(ranks)
+    running: dict[Any, tuple[int, Any, Path, Path]] = {}  # by the process's sentinel: its rank, process and files
     with tempfile.TemporaryDirectory(prefix="rehearsal-") as folder:
         try:
             while waiting or running:
