@@ -40,6 +40,7 @@ def test_a_gpu_recipes_ranks_hold_what_plan_says(recipe: str, ranks: list[int]) 
     assert rehearsal["ranks"][0]["collectives"]["allreduce"] >= 1  # the step decision's
 
 
+@pytest.mark.slow
 @pytest.mark.matrix
 @pytest.mark.parametrize(
     "recipe",
