@@ -18,25 +18,9 @@ import subprocess
 import sys
 import time
 
+from {{ cookiecutter.package_name }}.recipe.library import recipes_on
+
 GIB = 2**30
-RECIPES = (
-    "single-gpu",
-    "ddp-node",
-    "fsdp2-node",
-    "fsdp2-large-node",
-    "fsdp2-float8-node",
-    "fsdp2-multinode",
-    "hsdp-multinode",
-    "fsdp2-tp-multinode",
-    "llama-1b-fsdp2-node",
-    "llama-8b-fsdp2-node",
-    "llama-8b-sft-fsdp2-node",
-    "lora-llama-8b-single-gpu",
-    "lora-llama-8b-node",
-    "llama-70b-pp-fsdp2-tp-multinode",
-    "fsdp1-node",
-    "deepspeed-zero3-node",
-)
 
 
 def rehearse(recipe: str, ranks: str) -> tuple[dict | None, str, float]:
@@ -70,7 +54,7 @@ def row(recipe: str, rank: dict, plan: dict | None, seconds: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("recipes", nargs="*", default=list(RECIPES))
+    parser.add_argument("recipes", nargs="*", default=recipes_on("cuda"), help="Default: the library's GPU recipes.")
     parser.add_argument("--ranks", default="0", help="Ranks of each recipe (rehearse --ranks).")
     options = parser.parse_args()
     print("| recipe | rank | params, grads, optim vs plan | peak GiB | plan GiB | ratio | collectives | s/rank |")

@@ -60,25 +60,33 @@ def bytes_per_parameter(precision: str) -> tuple[int, int, int]:
     return 4, 4, 8
 
 
-def zero_model_states(parameters: float, precision: str, stage: int, data_parallel: int) -> States:
-    """Model states per device under ZeRO stage 0 (ddp) to 3 over `data_parallel` ranks, as in the paper."""
+def zero_model_states(
+    parameters: float, precision: str, stage: int, data_parallel: int, trained: float = 1.0
+) -> States:
+    """Model states per device under ZeRO stage 0 (ddp) to 3 over `data_parallel` ranks, as in the paper.
+    `trained`: the share of the parameters that train (adapters train a small one); a frozen parameter has no
+    gradient, no optimizer state and no master copy: it holds its weight as torch keeps it."""
     weight, grad, optim = bytes_per_parameter(precision)
+    frozen = torch_model_states(parameters * (1 - trained), precision, stage, data_parallel).parameters
     return States(
-        parameters=weight * parameters / (data_parallel if stage >= 3 else 1),
-        gradients=grad * parameters / (data_parallel if stage >= 2 else 1),
-        optimizer=optim * parameters / (data_parallel if stage >= 1 else 1),
+        parameters=weight * parameters * trained / (data_parallel if stage >= 3 else 1) + frozen,
+        gradients=grad * parameters * trained / (data_parallel if stage >= 2 else 1),
+        optimizer=optim * parameters * trained / (data_parallel if stage >= 1 else 1),
     )
 
 
-def torch_model_states(parameters: float, precision: str, stage: int, data_parallel: int) -> States:
+def torch_model_states(
+    parameters: float, precision: str, stage: int, data_parallel: int, trained: float = 1.0
+) -> States:
     """What torch's AdamW under Fabric holds (ddp: stage 0, fully_shard: stage 3): the parameters are the master copy.
 
     Under bf16-mixed the parameters and gradients stay fp32 and autocast computes in bf16, so the
-    16 bytes split 4 + 4 + 8 instead of the paper's 2 + 2 + 12; the total is the same.
+    16 bytes split 4 + 4 + 8 instead of the paper's 2 + 2 + 12; the total is the same. `trained`: the share of
+    the parameters with gradients and optimizer state (adapters); the frozen rest holds its weights only.
     """
     weight, grad, optim = (2, 2, 4) if precision in HALF_TRUE else (4, 4, 8)
-    shard = data_parallel if stage == 3 else 1
-    return States(weight * parameters / shard, grad * parameters / shard, optim * parameters / shard)
+    shard, trained_parameters = data_parallel if stage == 3 else 1, parameters * trained
+    return States(weight * parameters / shard, grad * trained_parameters / shard, optim * trained_parameters / shard)
 
 
 def activation_bytes(precision: str) -> tuple[int, int]:

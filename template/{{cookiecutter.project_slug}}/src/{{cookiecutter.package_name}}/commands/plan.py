@@ -135,7 +135,7 @@ def rehearsed_before_writing(text: str, target: Path, device: Device) -> str:
     """Rehearse the default ranks of the recipe `text` about to be written to `target` (`rehearse`'s: the first, the
     last, the first of each pipeline stage). A RecipeError, and nothing written, when the recipe checks refuse it, a
     rank fails, or one peaks above the device's memory; otherwise what to say of it beside 'wrote'."""
-    from ..planner.plan import size
+    from ..planner.units import size
     from ..strategies import strategy_for
     from .rehearse import default_ranks, rehearse_ranks
 
@@ -235,9 +235,11 @@ def run(argv: list[str], prog: str) -> None:
             device = dataclasses.replace(device, peak_tflops=None)
     cost = cost or measured
     assert cost is not None
-    parameters = int(options.parameters) if options.parameters else cost.parameters()
+    trained = task.trained_parameters()  # adapters: beside the model's own parameters
+    parameters = int(options.parameters) if options.parameters else cost.parameters() + (trained or 0)
     host = options.host_memory_gib * 2**30 if options.host_memory_gib else None
-    inputs = plan_inputs(recipe, cost, parameters, device, INTERCONNECTS[options.interconnect], options.margin, host)
+    link = INTERCONNECTS[options.interconnect]
+    inputs = plan_inputs(recipe, cost, parameters, device, link, options.margin, host, trained)
     inputs = dataclasses.replace(inputs, refused=refused)
     result = plan(inputs)
     if measured is not None:

@@ -140,19 +140,20 @@ def planned(recipe: Recipe, device: Device) -> dict[str, Any] | None:
     from ..planner.plan import Candidate, estimate, plan_inputs
     from ..precision import torch_model_states
 
-    strategy = strategy_for(recipe)
-    cost, option = task_for(recipe).model_cost(), strategy.recipe_plan_option()
+    strategy, task = strategy_for(recipe), task_for(recipe)
+    cost, option = task.model_cost(), strategy.recipe_plan_option()
     if cost is None or option is None:
         return None
-    inputs = plan_inputs(recipe, cost, cost.parameters(), device, INTERCONNECTS["infiniband"], 0)
+    link, trained = INTERCONNECTS["infiniband"], task.trained_parameters()  # adapters: beside the model's own
+    inputs = plan_inputs(recipe, cost, cost.parameters() + (trained or 0), device, link, 0, trained_parameters=trained)
     result = estimate(Candidate(strategy, option), inputs, recipe.train.micro_batch_size)
     assert result.sizes is not None  # every estimate has them
     shares = result.sizes
-    states = torch_model_states(shares.parameters, recipe.precision, option.stage, shares.data_parallel)
+    states = torch_model_states(shares.parameters, recipe.precision, option.stage, shares.data_parallel, shares.trained)
     checkpointed = recipe.strategy.activation_checkpointing
     activations = result.activations.checkpointed_peak if checkpointed else result.activations.peak
     micro_batches = recipe.train.grad_accum_steps
-    collectives = strategy.plan_collectives(option, cost.n_layer, micro_batches)
+    collectives = strategy.plan_collectives(option, cost.n_layer, micro_batches, root_trains=trained is None)
     if collectives is not None:
         config, plain = recipe.strategy, cost.tensor_parallel_all_reduces(False)
         recomputed = -(-cost.n_layer // config.activation_checkpointing_every) if checkpointed else 0
@@ -173,7 +174,7 @@ def planned(recipe: Recipe, device: Device) -> dict[str, Any] | None:
 
 def render(recipe: Recipe, ranks: list[dict[str, Any]], plan: dict[str, Any] | None) -> str:
     """One block per rank: its mesh, each figure beside plan's, its collectives."""
-    from ..planner.plan import size
+    from ..planner.units import size
 
     lines = [
         f"{recipe.num_nodes} node(s) x {recipe.devices} device(s) = {recipe.world_size} ranks, {recipe.precision},"
@@ -223,7 +224,7 @@ def run(argv: list[str], prog: str) -> None:
         raise RecipeError(first_line(error)) from None
     recipe_argv = ["--config", str(find_recipe(options.recipe)), *overrides]
     recipe = parse_recipe(recipe_argv, f"{prog} rehearse")
-    from ..planner.plan import size
+    from ..planner.units import size
 
     check_rehearsable(recipe)
     ranks = chosen_ranks(options.ranks, recipe)

@@ -38,6 +38,7 @@ class PlanSizes:
     root: float  # outside the layers (embeddings, final norm, head)
     precision: str
     data_parallel: int  # ranks the model states are sharded over
+    trained: float = 1.0  # the share of the parameters that train (adapters: a small one), the rest frozen
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,7 @@ from ..tasks.base import Activations, ModelCost
 from .hardware import NVME_GB_S, PCIE_GB_S
 from .options import PlanOption, PlanSizes
 from .pipeline import PipelineTerms, pipeline_terms
-
-GIB, GB = 2**30, 1e9
+from .units import GB, size
 
 
 @dataclass(frozen=True)
@@ -100,6 +99,7 @@ class Inputs:
     cpu: bool = False
     host_memory_bytes: float | None = None
     refused: dict[str, str] | None = None  # candidate name -> why the task's recipe cannot run it
+    trained: float = 1.0  # the share of the parameters that train (adapters: a small one), the rest frozen
 
     @property
     def world_size(self) -> int:
@@ -152,8 +152,10 @@ def plan_inputs(
     inter_node_gb_s: float,
     margin: float,
     host_memory_bytes: float | None = None,
+    trained_parameters: int | None = None,
 ) -> Inputs:
-    """The plan's inputs from a resolved `Recipe` (layout, precision, batch), its task's `ModelCost` and the hardware."""
+    """The plan's inputs from a resolved `Recipe` (layout, precision, batch), its task's `ModelCost` and the hardware;
+    `trained_parameters`: how many of `parameters` train when only some do (`Task.trained_parameters`)."""
     return Inputs(
         cost=cost,
         task=recipe.task,
@@ -168,6 +170,7 @@ def plan_inputs(
         margin=margin,
         cpu=recipe.accelerator == "cpu",
         host_memory_bytes=host_memory_bytes,
+        trained=trained_parameters / parameters if trained_parameters else 1.0,
     )
 
 
@@ -202,8 +205,8 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
         schedule, per_rank = option.pipeline_schedule, option.pipeline_stages_per_rank
         pipeline = pipeline_terms(cost, pp, schedule, per_rank, micro_batch, micro_batch, precision, t, sixteen_bit)
         local = pipeline.layers * layer + root  # the largest stage: its blocks and (at most) every module outside
-    paper = zero_model_states(local, precision, option.stage, data_parallel)
-    sizes = PlanSizes(local, layer, root, precision, data_parallel)
+    paper = zero_model_states(local, precision, option.stage, data_parallel, inputs.trained)
+    sizes = PlanSizes(local, layer, root, precision, data_parallel, inputs.trained)
     extra = candidate.strategy.plan_runtime_terms(option, sizes)
     offloaded = 0.0
     if option.offload != "none":  # the states (and what lives with the optimizer) leave the GPU, per node
@@ -247,8 +250,10 @@ def communication(
     def elements(micro_batches: int) -> tuple[float, float]:
         # A pipeline stage runs p times the micro-batches on 1/p of the layers: the same tensor-parallel volume.
         tensor = cost.tensor_parallel_elements(micro_batch) * micro_batches * (t - 1) / t / option.pipeline_parallel
-        # Unsharded parameters: the gradients are reduced once per step; sharded: gathered for every micro-batch.
-        data = option.comm_vs_ddp * 2 * local * (micro_batches if option.stage == 3 else 1)
+        # Unsharded parameters: the gradients are reduced once per step; sharded: gathered for every micro-batch
+        # (two gathers of every weight, one reduction of the trained ones' gradients).
+        reduced = inputs.trained if option.stage < 3 else (2 + inputs.trained) / 3
+        data = option.comm_vs_ddp * 2 * local * reduced * (micro_batches if option.stage == 3 else 1)
         return data, tensor
 
     group = t * option.pipeline_parallel  # devices that share one data-parallel rank's micro-batches
@@ -272,7 +277,8 @@ def communication(
     across = min(intra, inputs.inter_node_gb_s * GB / inputs.devices) if inputs.num_nodes > 1 else intra
     # The pipeline is the mesh's outer dimension: when one stage's data x tensor parallel ranks fit in a node,
     # its gathers and reductions stay on the node's links and only the stages' activations cross nodes.
-    stage_in_a_node = pipeline is not None and inputs.devices % (inputs.world_size // option.pipeline_parallel) == 0
+    stage_ranks = max(1, inputs.world_size // option.pipeline_parallel)  # 0 where the layout has too few ranks
+    stage_in_a_node = pipeline is not None and inputs.devices % stage_ranks == 0
     data_link = intra if stage_in_a_node else across
     gradient_bytes = 4 if sixteen_bit and option.fp32_gradient_reduce else collective_bytes
     data_bytes: float = collective_bytes
@@ -381,19 +387,3 @@ def device_word(inputs: Inputs, plural: bool = False) -> str:
     """What one device is called: GPU, or CPU process for CPU recipes."""
     word = "CPU process" if inputs.cpu else "GPU"
     return word + ("es" if inputs.cpu else "s") if plural else word
-
-
-def size(value: float) -> str:
-    """Bytes in the unit that keeps them readable: GiB, MiB or KiB (binary units, labelled)."""
-    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
-        if value >= scale:
-            return f"{value / scale:.1f} {unit}"
-    return f"{value:.0f} B"
-
-
-def count(value: float) -> str:
-    """A parameter count: 1.42 B, 124.4 M, 812.5 K."""
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if value >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{value:.0f}"

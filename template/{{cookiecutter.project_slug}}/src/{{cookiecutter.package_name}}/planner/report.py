@@ -10,7 +10,8 @@ import yaml
 from ..recipe.library import recipes_dir
 from .measured import MeasuredCost
 from .options import PlanOption
-from .plan import GB, GIB, Candidate, Inputs, Plan, count, device_word
+from .plan import Candidate, Inputs, Plan, device_word
+from .units import GB, GIB, count
 
 POWERS = {"GiB": "2^30", "MiB": "2^20", "KiB": "2^10", "B": "1"}
 
@@ -195,6 +196,7 @@ def to_json(result: Plan) -> dict[str, Any]:
         }
     return {
         "parameters": inputs.parameters,
+        "trained_parameters": round(inputs.parameters * inputs.trained),  # fewer under adapters
         "world_size": inputs.world_size,
         "devices": inputs.devices,
         "num_nodes": inputs.num_nodes,

@@ -32,6 +32,17 @@ def find_recipe(name: str) -> Path:
     raise RecipeError(f"recipe {name!r} not found (library recipes: {available})")
 
 
+def recipes_on(accelerator: str) -> list[str]:
+    """The library's recipes for one accelerator (`cuda`: the GPU recipes), by name."""
+    import yaml
+
+    return [
+        path.stem
+        for path in sorted(recipes_dir().glob("*.yaml"))
+        if (yaml.safe_load(path.read_text()) or {}).get("accelerator") == accelerator
+    ]
+
+
 def recipe_for_layout(cpu: bool, several_nodes: bool) -> Path:
     """The first library recipe on CPUs (or GPUs) and on one node (or several): what `plan --write` starts from
     when the recipe its strategy names is not in this library."""

@@ -105,9 +105,12 @@ class TrainingStrategy:
         """What this runtime holds per device beyond the paper's model states (buffers, extra copies)."""
         return []
 
-    def plan_collectives(self, option: PlanOption, blocks: int, micro_batches: int) -> dict[str, int] | None:
+    def plan_collectives(
+        self, option: PlanOption, blocks: int, micro_batches: int, root_trains: bool = True
+    ) -> dict[str, int] | None:
         """The data-parallel collectives of one optimizer step of `micro_batches` as plan's communication model
-        counts them, by name (`rehearse` counts the same names); None: the model gives no count."""
+        counts them, by name (`rehearse` counts the same names); None: the model gives no count. `root_trains`:
+        the modules outside the blocks have gradients (adapters in the blocks leave them frozen)."""
         return None
 
     def plan_section(self, option: PlanOption, base: dict[str, Any]) -> dict[str, Any]:

@@ -40,6 +40,7 @@ class DDP(TrainingStrategy):
         ]
 
     def plan_runtime_terms(self, option: PlanOption, sizes: PlanSizes) -> list[PlanTerm]:
-        # Fabric's DDP keeps gradient_as_bucket_view off: its buckets are a second copy of the gradients.
-        gradients = torch_model_states(sizes.parameters, sizes.precision, 0, 1).gradients
+        # Fabric's DDP keeps gradient_as_bucket_view off: its buckets are a second copy of the gradients (of the
+        # parameters that train: frozen ones have none).
+        gradients = torch_model_states(sizes.parameters, sizes.precision, 0, 1, sizes.trained).gradients
         return [PlanTerm("DDP gradient buckets", gradients)]

@@ -213,27 +213,33 @@ class FSDP2(TrainingStrategy):
             blocks = sizes.parameters - sizes.root
             return [
                 PlanTerm("the stage's blocks, gathered until the step's last backward", weight * blocks),
-                PlanTerm("their unsharded gradients, summed over the pieces", (4 if sixteen_bit else weight) * blocks),
+                PlanTerm(
+                    "their unsharded gradients, summed over the pieces",
+                    (4 if sixteen_bit else weight) * blocks * sizes.trained,
+                ),
                 PlanTerm(
                     "root (embeddings, head) gathered for the step", weight * sizes.root * (1 - 1 / sizes.data_parallel)
                 ),
             ]
         return [
             PlanTerm("gathered layer, current and prefetched", 2 * weight * sizes.layer),
-            PlanTerm("its unsharded gradient", gradient * sizes.layer),
+            PlanTerm("its unsharded gradient", gradient * sizes.layer * sizes.trained),
             PlanTerm(
                 "root (embeddings, head) gathered for the step", weight * sizes.root * (1 - 1 / sizes.data_parallel)
             ),
         ]
 
-    def plan_collectives(self, option: PlanOption, blocks: int, micro_batches: int) -> dict[str, int] | None:
+    def plan_collectives(
+        self, option: PlanOption, blocks: int, micro_batches: int, root_trains: bool = True
+    ) -> dict[str, int] | None:
         # Per micro-batch each block is gathered for forward and again for backward, the root (embeddings, head:
-        # not resharded after forward) once, and every gradient is reduce-scattered into its shard; hsdp all-reduces
-        # the shards across its replicas once per step.
+        # not resharded after forward) once, and every unit's gradient (a frozen root has none) is reduce-scattered
+        # into its shard; hsdp all-reduces the shards across its replicas once per step.
         if option.pipeline_parallel > 1:
             return None
-        counts = {"allgather": (2 * blocks + 1) * micro_batches, "reduce_scatter": (blocks + 1) * micro_batches}
-        return counts | ({"allreduce": blocks + 1} if option.hybrid else {})
+        reduced = blocks + (1 if root_trains else 0)
+        counts = {"allgather": (2 * blocks + 1) * micro_batches, "reduce_scatter": reduced * micro_batches}
+        return counts | ({"allreduce": reduced} if option.hybrid else {})
 
     def plan_section(self, option: PlanOption, base: dict[str, Any]) -> dict[str, Any]:
         section: dict[str, Any] = {"tensor_parallel_size": option.tensor_parallel, "float8": False}

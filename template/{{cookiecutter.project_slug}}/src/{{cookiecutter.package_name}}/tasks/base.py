@@ -210,6 +210,11 @@ class Task:
         """The model's size formulas for `plan`; None when the task has none (plan then measures a rehearsed step)."""
         return None
 
+    def trained_parameters(self) -> int | None:
+        """How many parameters train when only some do (adapters on a frozen base), by formula for `plan`; None:
+        all of them."""
+        return None
+
     def describe(self) -> str | None:
         """One line on the recipe's data for `recipes validate` (checking what is cheap to check), or None."""
         return None

@@ -20,6 +20,30 @@ from {{ cookiecutter.package_name }}.recipe.load import load_recipe
 SHARDED = {"fsdp2", "zero3", "hsdp", "fsdp2_tp2", "fsdp2_tp4", "fsdp2_tp8"}
 
 
+@pytest.mark.parametrize("recipe", sorted(path.stem for path in RECIPES.glob("*.yaml")))
+def test_every_library_recipe_is_planned(recipe: str, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = plan_json(capsys, recipe)
+    assert plan["options"] and all(option["total_bytes"] > 0 for option in plan["options"])
+
+
+def test_an_adapter_recipe_is_planned_with_a_frozen_base_that_holds_weights_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """LoRA on Llama-3-8B, rank 16 on the seven projections of 32 blocks: 41.9 M adapters train, the 8.03 B base is
+    frozen. Under bf16-mixed the base stays fp32 (4 bytes each) with no gradient or optimizer state; the adapters
+    hold the paper's 2 + 2 + 12 bytes. So it fits one 80 GB GPU, which the whole model's 16 bytes would not."""
+    plan = plan_json(capsys, "lora-llama-8b-single-gpu")
+    width, kv_width, hidden, blocks = 4096, 1024, 14336, 32
+    adapters = 16 * blocks * (2 * (width + width) + 2 * (width + kv_width) + 3 * (width + hidden))
+    base = plan["parameters"] - adapters
+    ddp = next(option for option in plan["options"] if option["strategy"] == "ddp")
+    assert plan["trained_parameters"] == adapters == 41_943_040 and base == pytest.approx(8.03e9, rel=1e-3)
+    assert ddp["parameters_bytes"] == pytest.approx(4 * base + 2 * adapters)
+    assert ddp["gradients_bytes"] == pytest.approx(2 * adapters)
+    assert ddp["optimizer_bytes"] == pytest.approx(12 * adapters)
+    assert plan["recommended"]["strategy"] == "ddp" and ddp["fits"]
+
+
 def test_a_125m_model_on_a_node_of_80_gb_gpus_gets_ddp(capsys: pytest.CaptureFixture[str]) -> None:
     assert recommended(capsys, "--parameters", "125e6", "--gpu", "A100-80GB", "--train.micro_batch_size", "8") == "ddp"
 

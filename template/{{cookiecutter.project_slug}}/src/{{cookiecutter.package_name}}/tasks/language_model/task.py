@@ -108,6 +108,11 @@ class LanguageModel(Task):
 
         return model_shape(self.recipe.model)
 
+    def trained_parameters(self) -> int | None:
+        from .lora import adapter_parameters
+
+        return adapter_parameters(self.recipe) if self.recipe.lora.rank else None
+
     def reference_model(self, parameters: float) -> dict[str, Any]:
         from .sizing import reference_model
 
