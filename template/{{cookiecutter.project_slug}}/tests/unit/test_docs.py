@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import types
 import typing
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from helpers import PROJECT
 
 from {{ cookiecutter.package_name }}.commands import command_table
 from {{ cookiecutter.package_name }}.project import TASK
+from {{ cookiecutter.package_name }}.recipe.library import recipes_on
 from {{ cookiecutter.package_name }}.tasks import task_class
 
 README_LINES = 300  # one screen to start; the rest is in docs/
@@ -73,6 +76,14 @@ def recipe_fields(cls: type, prefix: str = "") -> list[str]:
 def test_the_readme_is_one_screen() -> None:
     lines = (PROJECT / "README.md").read_text().splitlines()
     assert len(lines) <= README_LINES, f"README.md has {len(lines)} lines: move a topic into docs/"
+
+
+def test_the_readmes_table_of_rehearsed_against_planned_names_every_gpu_recipe_of_the_library() -> None:
+    readme = (PROJECT / "README.md").read_text()
+    rows = [line.split("|")[1] for line in readme.splitlines() if re.match(r"^\| [a-z0-9*-]+[ ,(|]", line)]
+    named = [re.sub(r"\(.*", "", name).strip() for row in rows for name in row.split(",")]
+    missing = [recipe for recipe in recipes_on("cuda") if not any(fnmatch(recipe, name) for name in named)]
+    assert not missing, f"the README's table of rehearsed against planned lacks {missing}"
 
 
 def test_the_site_is_offline_and_every_page_of_its_nav_is_built(site: Path) -> None:
