@@ -9,12 +9,17 @@ case "$TASK" in
   language_model | image_classification) ;;
   *) echo "usage: bash scripts/demo.sh [language_model|image_classification] (got: $TASK)" >&2; exit 2 ;;
 esac
-bash scripts/setup.sh
-VENV=$PWD/.venv
-rm -rf build/demo
-mkdir -p build/demo
-"$VENV/bin/cookiecutter" --no-input . --output-dir build/demo task="$TASK"
-cd build/demo/my-project
+# DEMO_VENV: an environment that already holds the test group (tests/test_demo.py runs the demo in one); DEMO_DIR:
+# where the project is generated.
+if [ -z "${DEMO_VENV:-}" ]; then
+  bash scripts/setup.sh
+fi
+VENV=${DEMO_VENV:-$PWD/.venv}
+DEMO_DIR=${DEMO_DIR:-$PWD/build/demo}
+rm -rf "$DEMO_DIR"
+mkdir -p "$DEMO_DIR"
+"$VENV/bin/cookiecutter" --no-input . --output-dir "$DEMO_DIR" task="$TASK"
+cd "$DEMO_DIR/my-project"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e .
 "$VENV/bin/my-project" recipes list
 "$VENV/bin/my-project" train --config recipes/cpu-debug.yaml

@@ -1,4 +1,4 @@
-"""Keep the chosen task's recipe library in the new project and remove files for options not chosen:
+"""Keep the chosen task's recipe library and lock in the new project and remove files for options not chosen:
 the other task's package, recipes and tests, the SLURM job writers and their tests, the LICENSE."""
 
 import shutil
@@ -55,6 +55,17 @@ def keep_the_tasks_recipes(project: Path) -> None:
         shutil.rmtree(folder)
 
 
+def keep_the_tasks_lock(project: Path) -> None:
+    """The template holds each task's hash-locked test set, locks/<task>.lock (the tasks' dependencies differ);
+    the project keeps its task's as requirements-test.lock, which its scripts/lock.sh rewrites."""
+    locks = project / "locks"
+    chosen = locks / f"{TASK}.lock"
+    if not chosen.is_file():
+        sys.exit(f"ERROR: the template has no lock for task {TASK} (locks/{TASK}.lock): it is incomplete")
+    chosen.rename(project / "requirements-test.lock")
+    shutil.rmtree(locks)
+
+
 def prune(project: Path) -> None:
     """Remove what the chosen options do not use."""
     for task, files in TASK_FILES.items():
@@ -74,4 +85,5 @@ def prune(project: Path) -> None:
 if __name__ == "__main__":
     project_dir = Path.cwd()
     keep_the_tasks_recipes(project_dir)
+    keep_the_tasks_lock(project_dir)
     prune(project_dir)

@@ -7,7 +7,7 @@
 #   bash scripts/gpu_check.sh                 # all GPU recipes
 #   bash scripts/gpu_check.sh deepspeed-zero3-offload-node fsdp1-node   # some of them
 #
-# DeepSpeed recipes need `pip install deepspeed`, the float8 recipe `pip install torchao` and a GPU of
+# DeepSpeed recipes need `pip install -e '.[deepspeed]'`, the float8 recipe `pip install -e '.[float8]'` and a GPU of
 # compute capability 8.9+. Results: one line per recipe, and runs/gpu-check/<recipe>/ for the logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."

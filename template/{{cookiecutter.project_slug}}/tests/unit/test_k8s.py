@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -155,7 +156,13 @@ def test_refuses(kind: str, image: str | None, pvc: str, overrides: list[str], f
 def test_command_writes_the_manifest(tmp_path: Path, kind: str) -> None:
     out = tmp_path / "job.yaml"
     main(["k8s", "cpu-debug", "--kind", kind, "--image", "img", "--pvc", "runs", "--out", str(out), "--out_dir", "/runs/a"])  # fmt: skip
-    assert yaml.safe_load(out.read_text())["kind"] == {"pytorchjob": "PyTorchJob", "rayjob": "RayJob"}[kind]
+    text = out.read_text()
+    assert yaml.safe_load(text)["kind"] == {"pytorchjob": "PyTorchJob", "rayjob": "RayJob"}[kind]
+    # Pods share their volumes and env: each is written out in full, no anchor or alias for tools that do not
+    # expand them (several nodes, so that more than one pod holds them).
+    many = tmp_path / "many.yaml"
+    main(["k8s", "cpu-debug", "--kind", kind, "--image", "img", "--pvc", "runs", "--out", str(many), "--out_dir", "/runs/a", "--num_nodes", "4", "--devices", "8", "--accelerator", "cuda"])  # fmt: skip
+    assert not re.search(r"[&*]id\d", text + many.read_text()), many.read_text()
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -252,17 +253,29 @@ def test_gpu_only_strategy_with_auto_accelerator_is_refused_where_auto_means_cpu
             build_fabric(config, strategy_for(config), [])
 
 
-def test_gpu_checks_refuse_bf16_and_float8_on_gpus_without_them() -> None:
+def test_gpu_checks_refuse_bf16_and_float8_on_gpus_without_them(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(RecipeError, match=r"precision=bf16-mixed needs a GPU with bf16 .* this GPU has 7.0"):
         check_hardware(recipe(*ON_GPUS), "cuda", (7, 0))
     float8 = recipe(*ON_GPUS, "--strategy.fsdp2.float8", "true")
     with pytest.raises(RecipeError, match=r"strategy.fsdp2.float8=true needs compute capability 8.9\+ .* has 8.0"):
         check_hardware(float8, "cuda", (8, 0))
-    if importlib.util.find_spec("torchao") is None:  # an H100 is accepted once torchao is installed
-        with pytest.raises(RecipeError, match=r"strategy\.fsdp2\.float8=true needs torchao: pip install torchao"):
+    # torchao is the float8 extra, out of the default install: an H100 is refused without it, in one line that
+    # names the extra, and accepted once it is there (both sides whether or not this machine has it).
+    find_spec = importlib.util.find_spec
+    for installed in (False, True):
+        torchao = find_spec("json") if installed else None  # any module's spec stands for torchao's
+
+        def find(name: str, *args: Any, torchao: Any = torchao) -> Any:
+            return torchao if name == "torchao" else find_spec(name, *args)
+
+        monkeypatch.setattr(importlib.util, "find_spec", find)
+        if installed:
             check_hardware(float8, "cuda", (9, 0))
-    else:
-        check_hardware(float8, "cuda", (9, 0))
+        else:
+            with pytest.raises(
+                RecipeError, match=r"strategy\.fsdp2\.float8=true needs torchao: pip install -e '\.\[float8\]'$"
+            ):
+                check_hardware(float8, "cuda", (9, 0))
 
 
 def test_recipes_validate_explains_that_gpu_only_recipes_need_gpus(

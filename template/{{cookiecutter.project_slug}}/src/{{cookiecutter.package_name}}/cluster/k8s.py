@@ -184,6 +184,14 @@ def rayjob_spec(
     }
 
 
+class NoAliasDumper(yaml.SafeDumper):
+    """The safe dumper, writing a value shared by several pods (their volumes, the Secret's env) out in full each
+    time: some Kubernetes tooling does not expand YAML anchors and aliases (&id001 / *id001)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def manifest_text(job: dict[str, Any]) -> str:
-    """The manifest as YAML (safe dumper: every value quoted as it needs)."""
-    return yaml.safe_dump(job, sort_keys=False)
+    """The manifest as YAML (safe dumper: every value quoted as it needs, no anchors or aliases)."""
+    return yaml.dump(job, Dumper=NoAliasDumper, sort_keys=False)

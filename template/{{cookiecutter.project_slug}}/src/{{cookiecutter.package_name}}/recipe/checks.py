@@ -156,7 +156,10 @@ def check_hardware(
             f"{requirement.field} needs compute capability {needed}+ (H100, L4, ...); this GPU has {version}"
         )
     if requirement is not None and requirement.package and importlib.util.find_spec(requirement.package) is None:
-        raise RecipeError(f"{requirement.field} needs {requirement.package}: pip install {requirement.package}")
+        install = (
+            f"pip install -e '.[{requirement.extra}]'" if requirement.extra else f"pip install {requirement.package}"
+        )
+        raise RecipeError(f"{requirement.field} needs {requirement.package}: {install}")
 
 
 def needs_gpu(recipe: Recipe) -> bool:

@@ -43,6 +43,7 @@ class GpuRequirement:
     remedy: str  # "choose ddp, fsdp2 or hsdp"
     capability: tuple[int, int] | None = None  # minimum CUDA compute capability
     package: str | None = None  # a module that must be importable on the GPU machine
+    extra: str | None = None  # the project's extra that installs it (pip install -e '.[extra]')
 
 
 class TrainingStrategy:
@@ -271,6 +272,7 @@ def gpu_only(name: str, package: str | None = None) -> GpuRequirement:
         why=f"Fabric runs strategy {name} only on GPUs",
         remedy="choose ddp, fsdp2 or hsdp",
         package=package,
+        extra=package,
     )
 
 

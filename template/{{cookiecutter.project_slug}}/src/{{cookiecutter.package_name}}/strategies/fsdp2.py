@@ -123,6 +123,7 @@ class FSDP2(TrainingStrategy):
             remedy="set it false",
             capability=FLOAT8_CAPABILITY,
             package="torchao",
+            extra="float8",
         )
 
     def data_parallel_size(self) -> int:
