@@ -45,6 +45,8 @@ class LanguageModel(Task):
         "export": f"{__package__}.commands.export",
         "evaluate": f"{__package__}.commands.evaluate",
     }
+    # What reads its data, tokenizes, exports and evaluates: their versions are in every checkpoint.
+    key_packages = ("numpy", "tokenizers", "safetensors", "transformers", "peft", "lm-eval")
     recipe: LanguageModelRecipe
 
     @classmethod
@@ -262,7 +264,7 @@ def check_eval_tasks(config: LanguageModelEvalConfig) -> None:
         raise RecipeError(
             f"eval.tasks_include_path={config.tasks_include_path} is not a folder (of lm-eval task YAML files)"
         )
-    if importlib.util.find_spec("lm_eval") is None:
+    if importlib.util.find_spec("lm-eval") is None:
         raise RecipeError("eval.tasks needs lm-evaluation-harness: pip install .[eval]")
 
 
