@@ -19,10 +19,10 @@ import pytest
 import torch
 from helpers import assert_refused_before_launch, run_cli, toy_train_args
 
-from my_project.checkpoint import provenance
-from my_project.checkpoint.provenance import change_line, check_resume, code_version
-from my_project.cli import main
-from my_project.recipe.load import parse_recipe
+from {{ cookiecutter.package_name }}.checkpoint import provenance
+from {{ cookiecutter.package_name }}.checkpoint.provenance import change_line, check_resume, code_version
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 
 ONE_PROCESS = ["--devices", "1", "--strategy.name", "ddp", "--eval.every_steps", "0"]
 
