@@ -18,6 +18,7 @@ QUESTIONS = [  # (question, choices, index of the answer)
     ("At night we see the", ["moon", "carpet", "engine", "letter"], 0),
 ]
 
+
 def write_task(folder: Path) -> Path:
     """An lm-eval multiple-choice task in `folder`: its YAML file and its local jsonl data."""
     folder.mkdir(parents=True)

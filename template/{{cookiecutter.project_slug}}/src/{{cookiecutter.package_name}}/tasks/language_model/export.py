@@ -95,7 +95,12 @@ def generation_config(recipe: Recipe, eos_id: int | None) -> dict[str, Any]:
     if recipe.data.source in BYTE_SOURCES:
         newline = ord("\n")
         return {"bos_token_id": newline, "pad_token_id": newline, "max_length": recipe.model.block_size}
-    return {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id, "max_length": recipe.model.block_size}
+    return {
+        "bos_token_id": eos_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": eos_id,
+        "max_length": recipe.model.block_size,
+    }
 
 
 def export_hf(path: Path, out_dir: Path, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> dict[str, Any]:
