@@ -127,7 +127,7 @@ def test_the_commit_is_read_from_git_when_there_is_a_work_tree_and_null_with_a_r
     monkeypatch.setattr(provenance, "SOURCE", tmp_path)
     code_version.cache_clear()
     try:
-        assert code_version()["commit"] is None and "not in a git work tree" in code_version()["commit_unknown"]
+        assert code_version()["commit"] is None and "not a git repository" in code_version()["commit_unknown"]
         code_version.cache_clear()
         git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
         (tmp_path / "code.py").write_text("x = 1\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import platform
 import shutil
 import subprocess
@@ -35,7 +36,7 @@ SOURCE = Path(__file__).resolve().parents[1]  # where the project's code is: its
 
 def local_provenance(key_packages: tuple[str, ...] = ()) -> dict[str, Any]:
     """This process's code and versions (hosts and launcher are the run's: `run_provenance` adds them)."""
-    return {**code_version(), "versions": versions(key_packages)}
+    return {**code_version(), "versions": dict(versions(key_packages))}  # a copy: the cached one stays as found
 
 
 def run_provenance(key_packages: tuple[str, ...], hosts: list[str], launcher: str) -> dict[str, Any]:
@@ -54,8 +55,9 @@ def code_version() -> dict[str, Any]:
     try:
         commit = _git("rev-parse", "HEAD").decode().strip()
         diff = _git("diff", "HEAD", "--no-ext-diff", "--binary")
-    except subprocess.CalledProcessError:
-        return {**unknown, "commit_unknown": f"{SOURCE} is not in a git work tree with a commit"}
+    except subprocess.CalledProcessError as error:  # no work tree, no commit yet, a repository git refuses to read
+        said = error.stderr.decode(errors="replace").strip().splitlines()
+        return {**unknown, "commit_unknown": f"git found no commit of {SOURCE}" + (f": {said[0]}" if said else "")}
     except (OSError, subprocess.TimeoutExpired) as error:
         return {**unknown, "commit_unknown": f"git did not answer ({type(error).__name__})"}
     digest = hashlib.sha256(diff).hexdigest() if diff else None
@@ -63,9 +65,9 @@ def code_version() -> dict[str, Any]:
 
 
 def _git(*arguments: str) -> bytes:
-    return subprocess.run(
-        ["git", "-C", str(SOURCE), *arguments], capture_output=True, check=True, timeout=GIT_SECONDS
-    ).stdout
+    environment = {**os.environ, "LC_ALL": "C"}  # git's messages in English, as the recorded reason
+    command = ["git", "-C", str(SOURCE), *arguments]
+    return subprocess.run(command, capture_output=True, check=True, timeout=GIT_SECONDS, env=environment).stdout
 
 
 @functools.cache

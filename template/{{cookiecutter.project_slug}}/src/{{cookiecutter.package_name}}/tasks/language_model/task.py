@@ -264,7 +264,7 @@ def check_eval_tasks(config: LanguageModelEvalConfig) -> None:
         raise RecipeError(
             f"eval.tasks_include_path={config.tasks_include_path} is not a folder (of lm-eval task YAML files)"
         )
-    if importlib.util.find_spec("lm-eval") is None:
+    if importlib.util.find_spec("lm_eval") is None:
         raise RecipeError("eval.tasks needs lm-evaluation-harness: pip install .[eval]")
 
 
