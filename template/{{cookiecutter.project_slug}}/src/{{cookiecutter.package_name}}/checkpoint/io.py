@@ -6,7 +6,8 @@ A checkpoint is a folder `<out_dir>/checkpoints/step-<step>/`:
                       one file under ddp)
   rng/rank-<r>.pt     torch / numpy / python (and CUDA) RNG states of every rank
   config.yaml         the resolved recipe
-  meta.json           step, task, units seen, strategy, world size, W&B run id, the size and SHA-256 of every
+  meta.json           step, task, units seen, strategy, world size, W&B run id, provenance (the commit, the
+                      package versions, hosts and launcher: provenance.py), the size and SHA-256 of every
                       file; written last
 It is written as `step-<step>.partial`, flushed to disk (fsync of every file and folder) and renamed
 once every rank has finished, so a folder with the final name is complete; one whose files do not
@@ -46,6 +47,7 @@ from .layout import (
     remove_old_checkpoints,
     space_report,
 )
+from .provenance import PROVENANCE
 from .rng import rng_state
 
 # Called on the rank that makes a checkpoint visible, once its tensors are written and before meta.json and the
@@ -56,8 +58,9 @@ WRITTEN_HOOKS: list[Callable[[int, str], None]] = []
 class Checkpointer:
     """Saves a run's checkpoints on schedule (steps, wall time, end), keeps the newest K, optionally in the background."""
 
-    def __init__(self, fabric: Fabric, recipe: Recipe) -> None:
+    def __init__(self, fabric: Fabric, recipe: Recipe, provenance: dict[str, Any] | None = None) -> None:
         self.fabric = fabric
+        self.provenance = provenance  # what made the run (provenance.py): code, versions, hosts, launcher
         self.recipe = recipe
         self.config = recipe.checkpoint
         self.root = checkpoint_root(recipe)
@@ -103,6 +106,7 @@ class Checkpointer:
             "world_size": self.fabric.world_size,
             "time": time.time(),
             "wandb_run_id": state.get("wandb_run_id"),  # readable before launch, to continue the same W&B run
+            PROVENANCE: self.provenance,  # compared at resume: another commit or package version is named
         }
         with self._disk_full_stops_the_run(partial):
             if self.config.async_save:

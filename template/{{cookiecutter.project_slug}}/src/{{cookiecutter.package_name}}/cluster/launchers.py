@@ -61,6 +61,20 @@ def launched_by_ray() -> bool:
     return os.environ.get(RAY_WORKER) == "1"
 
 
+def launcher_name() -> str:
+    """Which launcher started this process, as a run's provenance records it: ray, k8s (torchrun in its pods),
+    fabric run, torchrun, slurm, or local (`<project> train` launching its own processes)."""
+    if launched_by_ray():
+        return "ray"
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        if "KUBERNETES_SERVICE_HOST" in os.environ:  # set in every Kubernetes pod
+            return "k8s"
+        return "fabric run" if launched_by_fabric_run() else "torchrun"
+    if slurm_detected():
+        return "slurm"
+    return "fabric run" if launched_by_fabric_run() else "local"
+
+
 def start_processes(fabric: Fabric) -> None:
     """Launch the processes the recipe asks for, unless a launcher already did."""
     if not launched_by_fabric_run():

@@ -18,6 +18,7 @@ from ..checkpoint.layout import (
     scan_checkpoints,
     step_of,
 )
+from ..checkpoint.provenance import PROVENANCE, describe
 from ..errors import RecipeError
 from ..progress import working
 from ..tasks import task_class
@@ -96,6 +97,8 @@ def inspect_checkpoint(name: str) -> None:
     print(f"data         {state['data']}")
     print(f"scheduler    last_epoch={state['scheduler']['last_epoch']}")
     print(f"config       {path / 'config.yaml'}")
+    provenance = meta.get(PROVENANCE)
+    print("\n".join(describe(provenance)) if provenance else "provenance   not recorded (saved by an older version)")
 
 
 def consolidate_checkpoint(name: str, output: str, force: bool = False) -> None:

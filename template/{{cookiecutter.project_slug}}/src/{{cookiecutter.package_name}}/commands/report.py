@@ -14,6 +14,7 @@ import base64
 import csv
 import html
 import importlib.util
+import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -22,6 +23,7 @@ from typing import Any
 
 from jsonargparse import ArgumentParser
 
+from ..checkpoint.provenance import LOGGED_FILE, short_commit
 from ..errors import RecipeError
 from ..project import PROJECT
 from . import parse_arguments
@@ -51,6 +53,7 @@ class Segment:
     name: str
     series: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)
     skipped_steps: list[int] = field(default_factory=list)
+    provenance: dict[str, Any] | None = None  # what made it (commit, versions, hosts, launcher); None: not logged
 
     @property
     def steps(self) -> list[int]:
@@ -88,6 +91,7 @@ def read_segments(run_dir: Path) -> list[Segment]:
     segments = []
     for path in files:
         segment = Segment(str(path.parent.relative_to(run_dir)))
+        segment.provenance = _logged_provenance(path.parent / LOGGED_FILE)
         with path.open(newline="") as handle:
             rows = [row for row in csv.DictReader(handle) if (row.get("step") or "").strip()]
         # The time of a step: from its training row, for the other rows of that step (validation, checkpoint).
@@ -106,6 +110,24 @@ def read_segments(run_dir: Path) -> list[Segment]:
     if not segments:
         raise RecipeError(f"report: the CSV files under {run_dir}/csv/ hold no metrics yet")
     return segments
+
+
+def _logged_provenance(path: Path) -> dict[str, Any] | None:
+    """The provenance a segment's logger folder holds, or None (a run of an older version, an unreadable file)."""
+    try:
+        provenance = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return provenance if isinstance(provenance, dict) else None
+
+
+def _made_by(provenance: dict[str, Any] | None) -> list[str]:
+    """The report's provenance cells of a segment: commit, versions, launcher and hosts."""
+    if provenance is None:
+        return ["not recorded", "", ""]
+    versions = ", ".join(f"{name} {value}" for name, value in provenance.get("versions", {}).items() if value)
+    hosts = ", ".join(provenance.get("hosts") or [])
+    return [short_commit(provenance), versions, f"{provenance.get('launcher', 'unknown')} on {hosts or 'unknown'}"]
 
 
 def _version_order(path: Path) -> tuple[str, int]:
@@ -213,7 +235,9 @@ def _html(run_dir: Path, segments: list[Segment], images: list[tuple[str, Path]]
         skipped = ", ".join(map(str, segment.skipped_steps)) or "none"
         rows.append(
             f"<tr><td>{kind}</td><td>{html.escape(segment.name)}</td><td>{steps[0]}-{steps[-1]}</td>"
-            f"<td>{skipped}</td></tr>"
+            f"<td>{skipped}</td>"
+            + "".join(f"<td>{html.escape(cell)}</td>" for cell in _made_by(segment.provenance))
+            + "</tr>"
         )
     figures = []
     for title, path in images:
@@ -227,8 +251,10 @@ def _html(run_dir: Path, segments: list[Segment], images: list[tuple[str, Path]]
 <style>{STYLE}</style></head>
 <body><h1>Run report: {html.escape(str(run_dir))}</h1>
 <p>Written {written} from the run's CSV metrics. Each process lifetime is one segment, in its own colour;
-a grey dashed line marks where a restart began, a red dotted line a skipped update.</p>
-<table><tr><th>segment</th><th>logs</th><th>steps</th><th>skipped updates</th></tr>
+a grey dashed line marks where a restart began, a red dotted line a skipped update. The table names the code and
+package versions each segment ran with.</p>
+<table><tr><th>segment</th><th>logs</th><th>steps</th><th>skipped updates</th><th>commit</th><th>versions</th>
+<th>launcher and hosts</th></tr>
 {chr(10).join(rows)}
 </table>
 {chr(10).join(figures)}

@@ -220,6 +220,9 @@ class CheckpointConfig:
         max_failures: How many times a launcher that restarts a failed run starts it again (`ray`: Ray Train
             ends the worker group when a worker dies and starts a new one); each restart resumes from the
             newest complete checkpoint. 0 never restarts; -1 restarts without limit.
+        on_provenance_change: What a resume does when its checkpoint was made by another commit of the code
+            (or another diff of it) or other versions of python, torch, lightning, the task's packages, CUDA
+            or NCCL: warn names what changed in one line and continues; error refuses to start (exit 2).
     """
 
     save_every_steps: int = field(default=50, metadata=bounds(at_least=0))
@@ -229,6 +232,7 @@ class CheckpointConfig:
     resume: str | None = None
     stop_deadline_seconds: float = field(default=60.0, metadata=bounds(above=0, at_most=86_400))
     max_failures: int = field(default=3, metadata=bounds(at_least=-1))
+    on_provenance_change: Literal["warn", "error"] = "warn"
 
 
 @dataclass

@@ -172,6 +172,9 @@ class Task:
     recipe_type: ClassVar[type[Recipe]]  # Recipe with this task's `model:` and `data:` sections
     unit: ClassVar[str] = "sample"  # what throughput counts, singular: "token", "image"
     commands: ClassVar[dict[str, str]] = {}  # its own commands: name -> module (HELP, add_arguments, run)
+    # Packages whose versions a checkpoint records beside python, torch and lightning (those installed), so that a
+    # resume after an upgrade of one says so: those that shape what it trains on and what it exports.
+    key_packages: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, recipe: Recipe) -> None:
         self.recipe: Any = recipe

@@ -54,7 +54,7 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
     run = setup(recipe)  # refuses a bad recipe, path or checkpoint before any process starts
     fabric, task, strategy, model, optimizer = run.fabric, run.task, run.strategy, run.model, run.optimizer
     state = run.state
-    log_config(fabric.loggers, recipe)
+    log_config(fabric.loggers, recipe, run.provenance)
 
     max_steps, accumulate = recipe.train.max_steps, recipe.train.grad_accum_steps
     units_per_sample = task.units_per_sample()  # tokens, images, ...: what throughput counts
@@ -62,7 +62,7 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
     monitor = Monitor(
         fabric, recipe, state["step"], run.batches.global_batch_size, task.unit, units_per_sample, task.flops_per_unit()
     )
-    checkpointer = Checkpointer(fabric, recipe)
+    checkpointer = Checkpointer(fabric, recipe, run.provenance)
     profiler = StepProfiler(fabric, recipe)  # only in the steps of profile.steps
     decision = None
     model.train()

@@ -19,6 +19,7 @@ terminal, one plain line per interval in a cluster log).
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import shutil
@@ -36,6 +37,7 @@ from lightning.fabric.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from tqdm import tqdm
 
+from ..checkpoint.provenance import LOGGED_FILE, PROVENANCE
 from ..errors import RecipeError
 from ..planner.hardware import peak_tflops
 from ..project import DEFAULT_LOGGER, PROJECT
@@ -121,15 +123,18 @@ def logger_location(recipe: Recipe, loggers: list[Logger]) -> str:
     return f"{recipe.logger.name} logs: {loggers[0].log_dir}"
 
 
-def log_config(loggers: list[Logger], recipe: Recipe) -> None:
-    """Record the resolved recipe once with every logger (rank 0 only)."""
+def log_config(loggers: list[Logger], recipe: Recipe, provenance: dict[str, Any] | None = None) -> None:
+    """Record the resolved recipe and what made the run (its provenance: commit, versions, hosts, launcher) once
+    with every logger (rank 0 only): the CSV logger's folder holds them as config.yaml and provenance.json."""
     for logger in loggers:
         if isinstance(logger, CSVLogger):  # Fabric's CSVLogger has no hyperparameter support
             if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by Lightning at import
                 _ = logger.experiment  # creates log_dir; writing into it first would make it warn
                 (Path(logger.log_dir) / "config.yaml").write_text(dump_recipe(recipe))
+                if provenance:
+                    (Path(logger.log_dir) / LOGGED_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
         else:
-            logger.log_hyperparams(recipe.to_dict())
+            logger.log_hyperparams({**recipe.to_dict(), **({PROVENANCE: provenance} if provenance else {})})
 
 
 def upload_final_weights(loggers: list[Logger], checkpoints: Path) -> None:

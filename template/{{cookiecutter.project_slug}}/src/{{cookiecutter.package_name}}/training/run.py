@@ -7,8 +7,9 @@ Everything that can refuse the recipe runs before any process is launched or fil
 
 from __future__ import annotations
 
+import socket
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,9 @@ from lightning.fabric.loggers import Logger
 from ..checkpoint.layout import check_free_space, checkpoint_root, read_meta, resolve_resume
 from ..checkpoint.load import load_checkpoint, verified_resume
 from ..checkpoint.lock import lock_out_dir, out_dir_in_use
+from ..checkpoint.provenance import check_resume, run_provenance
 from ..checkpoint.tensors import trained_part
-from ..cluster.launchers import check_launcher, launched_by_ray, start_processes
+from ..cluster.launchers import check_launcher, launched_by_ray, launcher_name, start_processes
 from ..data.sampler import Batch, TrainBatches, validation_batches
 from ..errors import ExitCode, RecipeError, TrainingStopped
 from ..progress import working
@@ -51,6 +53,7 @@ class Run:
     state: dict[str, Any]
     resumed_from: Path | None
     benchmarks: Benchmarks | None = None  # the task's downstream benchmarks during training (eval.tasks)
+    provenance: dict[str, Any] = field(default_factory=dict)  # code, versions, hosts, launcher (checkpoint/provenance)
 
 
 # CPU training processes one node may start per core it can use: beyond that the processes only wait on each
@@ -131,6 +134,8 @@ def setup(recipe: Recipe) -> Run:
     resume_from = None
     if not in_use:
         resume_from = resolve_resume(recipe)  # complete by its files' sizes; their digests are checked once launched
+        if resume_from is not None:  # made by other code or packages: one line, or a refusal before anything is written
+            check_resume(resume_from, recipe, task.key_packages)
         check_free_space(recipe)  # room for one more checkpoint, or no start at all
     # A resumed or requeued job appends to the W&B run of its checkpoint instead of starting a new one.
     run_id = (read_meta(resume_from).get("wandb_run_id") if resume_from else None) or new_run_id()
@@ -145,6 +150,7 @@ def setup(recipe: Recipe) -> Run:
     start_processes(fabric)  # unless `fabric run` already did
     if in_use := fabric.broadcast(in_use):
         raise TrainingStopped(in_use, ExitCode.USAGE, report=fabric.global_rank == 0)
+    provenance = run_provenance(task.key_packages, hostnames(fabric), launcher_name())
     fabric.seed_everything(recipe.train.seed)
     fabric.print(f"Recipe:\n{dump_recipe(recipe)}")
     # A resumed run has its own weights, except a frozen base under adapters: checkpoints hold only what trains.
@@ -200,4 +206,15 @@ def setup(recipe: Recipe) -> Run:
         state,
         resume_from,
         benchmarks,
+        provenance,
     )
+
+
+def hostnames(fabric: Fabric) -> list[str]:
+    """The host of every rank, in rank order: gathered once, at the start of a run."""
+    name = socket.gethostname()
+    if fabric.world_size == 1 or not torch.distributed.is_initialized():
+        return [name]
+    names: list[Any] = [None] * fabric.world_size
+    torch.distributed.all_gather_object(names, name)
+    return [str(host) for host in names]

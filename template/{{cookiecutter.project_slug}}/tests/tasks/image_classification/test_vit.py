@@ -99,6 +99,10 @@ def test_export_writes_a_folder_transformers_loads_with_the_same_logits_and_clas
     assert [reference.config.id2label[index] for index in range(DIGITS.num_classes)] == names
     images = random_images(DIGITS)
     torch.testing.assert_close(logits(model, images), logits(reference, images), atol=1e-5, rtol=0)
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")  # its settings: the test below
+    expected = preprocessor_config(DIGITS)
+    assert (list(processor.image_mean), list(processor.image_std)) == (expected["image_mean"], expected["image_std"])
+    assert processor.size == expected["size"] and processor.rescale_factor == expected["rescale_factor"]
 
 
 def test_export_refuses_a_folder_that_is_not_empty_and_class_names_that_do_not_fit(tmp_path: Path) -> None:
@@ -118,9 +122,9 @@ def test_export_refuses_a_folder_that_is_not_empty_and_class_names_that_do_not_f
 def test_the_exported_image_processor_normalises_pixels_as_training_does(
     tmp_path: Path, transformers: ModuleType, config: ViTConfig
 ) -> None:
-    pytest.importorskip("PIL")  # ViTImageProcessor's backend without torchvision
+    pytest.importorskip("PIL")  # the image processor's backend without torchvision
     (tmp_path / PREPROCESSOR_CONFIG).write_text(json.dumps(preprocessor_config(config)))
-    processor = transformers.ViTImageProcessor.from_pretrained(tmp_path)
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path)  # what a user of the export calls
     shape = (config.image_size, config.image_size, config.channels)
     pixels = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)  # one image, channels last
     processed = processor(images=pixels, return_tensors="pt")["pixel_values"]

@@ -11,6 +11,7 @@ import pytest
 import torch
 from corpus import write_corpus
 from helpers import RECIPES, fail_with, train_args
+from lm_eval_task import TASK, write_task
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
@@ -22,6 +23,7 @@ from {{ cookiecutter.package_name }}.tasks.language_model.data.prepare import pr
 from {{ cookiecutter.package_name }}.tasks.language_model.export import export_hf
 from {{ cookiecutter.package_name }}.tasks.language_model.families import build_model
 from {{ cookiecutter.package_name }}.tasks.language_model.hf import check_init_from, pretrained_tensors
+from {{ cookiecutter.package_name }}.tasks.language_model.sample import text_codec
 
 transformers = pytest.importorskip("transformers")  # a test dependency (Python 3.11+)
 
@@ -144,6 +146,47 @@ def test_the_demo_recipes_model_exports_and_loads_in_transformers_with_the_same_
     reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     tokens = torch.randint(0, config.vocab_size, (2, config.block_size))
     torch.testing.assert_close(logits(reference, tokens), logits(model, tokens), atol=1e-5, rtol=0)
+
+
+def test_the_demo_runs_export_gives_every_tool_the_projects_ids_logits_and_scores(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run on the embedded demo text (bytes) exports a tokenizer: AutoTokenizer encodes to the project's ids,
+    AutoModelForCausalLM gives its logits, and lm-eval's Hugging Face backend scores it as `evaluate` does."""
+    lm_eval = pytest.importorskip("lm_eval")  # the eval extra
+    lm_eval_tasks = pytest.importorskip("lm_eval.tasks")
+
+    config = load_recipe(RECIPES / "cpu-debug.yaml").model
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    checkpoint = save_checkpoint(model, config, tmp_path / "run" / "step-00000001")
+    main(["export", str(checkpoint), str(tmp_path / "hf")])
+    assert "prefix_token_id=10" in capsys.readouterr().out
+    encode, _, _ = text_codec(Recipe(model=config))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "The fox sees the river.\nNa\u00efve caf\u00e9 \u010a\u00a0\u65e5\u672c <|endoftext|>\x00"  # \u010a: byte 10's alias
+    ids = tokenizer(text)["input_ids"]
+    assert ids == encode(text) and tokenizer.decode(ids, skip_special_tokens=True) == text
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    tokens = torch.tensor([ids[: config.block_size]])
+    torch.testing.assert_close(logits(reference, tokens), logits(model, tokens), atol=1e-5, rtol=0)
+    generation = transformers.GenerationConfig.from_pretrained(tmp_path / "hf")
+    assert generation.bos_token_id == generation.pad_token_id == encode("\n")[0]
+
+    tasks = write_task(tmp_path / "tasks")
+    scored = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={tmp_path / 'hf'},dtype=float32,prefix_token_id=10",  # as `export` says
+        tasks=[TASK],
+        task_manager=lm_eval_tasks.TaskManager(include_path=str(tasks), include_defaults=False),
+        device="cpu",
+        batch_size=4,
+        limit=4,
+        bootstrap_iters=0,
+    )
+    main(["evaluate", str(checkpoint), "--tasks", TASK, "--include_path", str(tasks), "--limit", "4"])
+    ours = json.loads(checkpoint.with_name(checkpoint.name + ".eval.json").read_text())
+    assert scored["results"][TASK]["acc,none"] == ours["results"][TASK]["acc,none"]
 
 
 def test_a_gpt_without_biases_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -39,6 +39,8 @@ class ImageClassification(Task):
         "predict": f"{__package__}.commands.predict",
         "export": f"{__package__}.commands.export",
     }
+    # What reads its images and exports the model: their versions are in every checkpoint.
+    key_packages = ("numpy", "pillow", "safetensors", "transformers")
     recipe: ImageClassificationRecipe
 
     @classmethod

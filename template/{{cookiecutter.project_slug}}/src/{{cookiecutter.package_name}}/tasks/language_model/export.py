@@ -1,9 +1,10 @@
 """`export CHECKPOINT OUT_DIR --format hf`: a checkpoint as a Hugging Face model folder that
 `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)` loads.
 
-It writes config.json, the weights as safetensors (split into files of at most `max_shard_bytes`
-with a model.safetensors.index.json when larger) and, when the run trained on a prepared folder,
-its tokenizer. The checkpoint is read one tensor at a time on CPU (torch.distributed.checkpoint
+It writes config.json, generation_config.json, the weights as safetensors (split into files of at most
+`max_shard_bytes` with a model.safetensors.index.json when larger) and the tokenizer the run read its data
+with (tokenizer.json, tokenizer_config.json: `transformers.AutoTokenizer.from_pretrained(OUT_DIR)` gives the
+same ids): a prepared folder's, or for the byte-level sources one that maps each byte to its own id. The checkpoint is read one tensor at a time on CPU (torch.distributed.checkpoint
 without a process group for sharded checkpoints, a memory map for whole ones), so no more than one
 output file's tensors are held at once, whatever the size of the model.
 """
@@ -25,7 +26,12 @@ from ...progress import counted
 from ...recipe.schema import Recipe
 from .config import LanguageModelRecipe
 from .data.prepared import MANIFEST, TOKENIZER
+from .data.tokenizer import byte_tokenizer
 from .hf import CONFIG, export_problem, hf_config, hf_tensors
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
+GENERATION_CONFIG = "generation_config.json"
+BYTE_SOURCES = ("embedded", "text")  # data sources read as UTF-8 bytes: each byte is a token id
 
 
 def hf_weights(
@@ -38,6 +44,18 @@ def hf_weights(
         parts = [read(name) for name in spec.sources]
         tensor = parts[0] if len(parts) == 1 else torch.cat(parts)
         yield hf_name, (tensor.t() if spec.transpose else tensor).contiguous()
+
+
+def write_tokenizer(recipe: Recipe, folder: Path) -> tuple[bool, int | None]:
+    """The export's tokenizer: for the byte-level sources (embedded, text) one that maps each byte to its own id,
+    for a prepared folder a copy of its tokenizer (when it is there). (written, its end-of-document id or None)."""
+    if recipe.data.source in BYTE_SOURCES:
+        byte_tokenizer().save(str(folder / TOKENIZER))
+        settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": recipe.model.block_size}
+        (folder / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n")
+        return True, None
+    eos_id = copy_tokenizer(recipe, folder)
+    return eos_id is not None, eos_id
 
 
 def copy_tokenizer(recipe: Recipe, folder: Path) -> int | None:
@@ -66,8 +84,23 @@ def copy_tokenizer(recipe: Recipe, folder: Path) -> int | None:
         "model_max_length": recipe.model.block_size,
         "eos_token": tokenizer["eos_token"],
     }
-    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    (folder / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n")
     return tokenizer["eos_id"]
+
+
+def generation_config(recipe: Recipe, eos_id: int | None) -> dict[str, Any]:
+    """generation_config.json: what `generate` starts from, stops at and pads with, as the project's `sample` and
+    `evaluate` do: a prepared folder's end-of-document token; for bytes, where no token ends a document, a newline
+    starts an unprompted text and pads (the same choice as evaluate's), and nothing stops generation early."""
+    if recipe.data.source in BYTE_SOURCES:
+        newline = ord("\n")
+        return {"bos_token_id": newline, "pad_token_id": newline, "max_length": recipe.model.block_size}
+    return {
+        "bos_token_id": eos_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": eos_id,
+        "max_length": recipe.model.block_size,
+    }
 
 
 def export_hf(path: Path, out_dir: Path, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> dict[str, Any]:
@@ -87,13 +120,20 @@ def export_hf(path: Path, out_dir: Path, max_shard_bytes: int = DEFAULT_SHARD_BY
     partial = new_partial(out_dir)
     weights = counted(hf_weights(recipe, names, read), f"Exporting {path}", len(hf_tensors(recipe.model)), "tensors")
     written = write_safetensors(weights, partial, max_shard_bytes)
-    eos_id = copy_tokenizer(recipe, partial)
+    has_tokenizer, eos_id = write_tokenizer(recipe, partial)
     config = hf_config(recipe.model, written["dtype"], eos_id)
     (partial / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    (partial / GENERATION_CONFIG).write_text(json.dumps(generation_config(recipe, eos_id), indent=2) + "\n")
     if out_dir.exists():
         out_dir.rmdir()  # empty, checked above
     partial.rename(out_dir)
-    return {**written, "architecture": config["architectures"][0], "tokenizer": eos_id is not None}
+    return {
+        **written,
+        "architecture": config["architectures"][0],
+        "tokenizer": has_tokenizer,
+        # What lm-eval's Hugging Face backend must be told to start a text with when the tokenizer has no such token.
+        "newline_prefix": ord("\n") if recipe.data.source in BYTE_SOURCES else None,
+    }
 
 
 def export_adapters(path: Path, out_dir: Path) -> dict[str, Any]:

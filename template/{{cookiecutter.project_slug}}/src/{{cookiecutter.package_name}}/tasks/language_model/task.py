@@ -45,6 +45,8 @@ class LanguageModel(Task):
         "export": f"{__package__}.commands.export",
         "evaluate": f"{__package__}.commands.evaluate",
     }
+    # What reads its data, tokenizes, exports and evaluates: their versions are in every checkpoint.
+    key_packages = ("numpy", "tokenizers", "safetensors", "transformers", "peft", "lm-eval")
     recipe: LanguageModelRecipe
 
     @classmethod

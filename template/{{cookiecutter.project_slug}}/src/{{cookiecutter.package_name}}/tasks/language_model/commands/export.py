@@ -51,3 +51,7 @@ def run(argv: list[str], prog: str) -> None:
         f" in {done['files']} safetensors file(s){tokenizer}) from {path} to {args.out_dir}"
     )
     print(f"Load: transformers.AutoModelForCausalLM.from_pretrained('{args.out_dir}')")
+    if done["tokenizer"]:
+        print(f"      transformers.AutoTokenizer.from_pretrained('{args.out_dir}')")
+    if done["newline_prefix"] is not None:  # bytes: no token ends a document, lm-eval needs one to start a text with
+        print(f"lm-eval: --model hf --model_args pretrained={args.out_dir},prefix_token_id={done['newline_prefix']}")

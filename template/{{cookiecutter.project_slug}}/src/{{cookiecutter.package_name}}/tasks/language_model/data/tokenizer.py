@@ -29,6 +29,35 @@ def load_tokenizer(path: Path, option: str = "--tokenizer") -> Tokenizer:
         raise RecipeError(f"{option} {str(path)!r}: not a tokenizers tokenizer.json ({reason})") from None
 
 
+def byte_tokenizer() -> Tokenizer:
+    """The byte-level sources' (embedded, text) tokenizer in the `tokenizers` format: every byte of the UTF-8 text is
+    its own id, as the project reads them (`list(text.encode("utf-8"))`), and decodes back to the text.
+
+    Each byte is a token spelled in GPT-2's byte alphabet (printable characters standing for bytes), one BPE token
+    without merges; no regex split and no added tokens, so that no text, whatever characters it holds, encodes
+    otherwise. It declares no special token: an end-of-document token would be matched in the text before bytes.
+    """
+    vocabulary = {character: byte for byte, character in enumerate(byte_alphabet())}
+    tokenizer = Tokenizer(models.BPE(vocab=vocabulary, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def byte_alphabet() -> list[str]:
+    """The character GPT-2's byte-level tokenizers spell each byte value with: itself where it is printable, else
+    the next unused character from U+0100 on (the map `pre_tokenizers.ByteLevel` applies)."""
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}  # "!".."~", "¡".."¬", "®".."ÿ"
+    spelled, unused = [], 256
+    for byte in range(BYTE_ALPHABET):
+        if byte in printable:
+            spelled.append(chr(byte))
+        else:
+            spelled.append(chr(unused))
+            unused += 1
+    return spelled
+
+
 def eos_id(tokenizer: Tokenizer, where: str) -> tuple[str, int]:
     """The tokenizer's end-of-document token and its id."""
     for token in EOS_CANDIDATES:
