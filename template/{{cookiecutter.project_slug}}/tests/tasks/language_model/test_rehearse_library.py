@@ -105,4 +105,3 @@ def test_a_tensor_parallel_size_the_heads_do_not_divide_is_refused_before_any_ra
     overrides: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert says in fail_with(["rehearse", "llama-70b-pp-fsdp2-tp-multinode", *overrides], capsys)
-
