@@ -149,7 +149,7 @@ from {package}.training.run import setup
 
 run = setup(parse_recipe(sys.argv[1:]))
 batch = run.fabric.to_device(run.task.datasets().train.batch([0, 1]))
-run.fabric.backward(batch_loss(run.task, run.model, batch))
+run.fabric.backward(batch_loss(run.task, run.model, batch).objective)
 run.optimizer.step()
 measured = local_training_state_bytes(run.model, run.optimizer)
 # One file per rank: two processes printing to one pipe at the same moment can interleave their lines.

@@ -132,7 +132,7 @@ def test_selective_checkpointing_gives_the_same_loss_and_gradients_and_recompute
         model = copy.deepcopy(base)
         if policy:
             prepare_blocks(model, StrategyConfig(activation_checkpointing=True, activation_checkpointing_policy=policy))
-        loss = batch_loss(task, model, batch)
+        loss = batch_loss(task, model, batch).objective
         with MatmulCounter() as counter:
             loss.backward()
         grads = {name.replace("_checkpoint_wrapped_module.", ""): p.grad for name, p in model.named_parameters()}

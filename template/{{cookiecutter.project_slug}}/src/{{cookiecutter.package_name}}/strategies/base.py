@@ -194,11 +194,11 @@ class TrainingStrategy:
         accumulate: int,
         adjust_loss: Callable[[torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
-        """Forward and backward of one of a step's `accumulate` micro-batches (its loss, `adjust_loss`-ed, divided by
-        `accumulate`); the loss, detached. A pipeline runs both through its schedule (fsdp2's pipeline options)."""
-        loss = adjust_loss(batch_loss(self.task, model, batch))
-        fabric.backward(loss / accumulate)
-        return loss.detach()
+        """Forward and backward of one of a step's `accumulate` micro-batches (its loss with the model's auxiliary
+        loss, `adjust_loss`-ed, divided by `accumulate`); the task's loss, detached. A pipeline runs both through its schedule (fsdp2's pipeline options)."""
+        objective, loss = batch_loss(self.task, model, batch)
+        fabric.backward(adjust_loss(objective) / accumulate)
+        return adjust_loss(loss).detach()
 
     def validation_step(self, fabric: Fabric, model: Any, batch: Any, metrics: dict[str, Any]) -> None:
         """Update the task's validation metrics with one micro-batch (under torch.no_grad, the model in eval mode).

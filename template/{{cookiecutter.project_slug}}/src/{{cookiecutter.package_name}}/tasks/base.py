@@ -8,7 +8,7 @@ One loss path: a task gives the pieces and the machinery composes them the same 
 every pipeline schedule (`batch_loss`, `update_metrics_of`):
     inputs, targets = task.split_batch(batch)
     outputs = model(*inputs)                       # a pipeline: the first stage takes inputs, the last outputs
-    loss = task.loss(outputs, targets)             # training
+    loss = task.loss(outputs, targets)             # training; backward sees it plus the model's auxiliary loss
     task.update_metrics(outputs, targets, metrics) # validation
 
 The model a task builds follows `TrainableModel`, checked right after `Task.build_model` (`checked_model`),
@@ -21,10 +21,10 @@ Importing this module does not import torch (recipes are checked before torch lo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeAlias
 
 from ..data.samples import Samples
 from ..errors import RecipeError
@@ -40,7 +40,14 @@ Inputs: TypeAlias = "torch.Tensor | tuple[torch.Tensor, ...]"  # what a model is
 
 class TrainableModel(Protocol):
     """What strategies shard, checkpoint and compile: the model `Task.build_model` returns, checked right after
-    (`checked_model`). A pipeline asks one more method, `pipeline_ends()` (strategies/pipeline.py)."""
+    (`checked_model`). A pipeline asks one more method, `pipeline_ends()` (strategies/pipeline.py).
+
+    Optional, for a model whose forward records figures of its own (a mixture of experts' router): `init_buffers()`
+    (buffers that are state, set after the parameters' init), `auxiliary_loss()` (a loss term of the forward just
+    run, added to the task's loss for backward but not reported as the loss; called once after each training
+    forward), `step_statistics()` (what the step's forwards recorded, one tensor the machinery sums over the ranks)
+    and `end_step(summed, updated)` (after the optimizer step: its own updates and the figures to log, by name).
+    """
 
     blocks: nn.ModuleList  # the repeated block: FSDP's unit, activation checkpointing's, torch.compile's
 
@@ -340,9 +347,17 @@ def checked_model(task: Task) -> nn.Module:
 
 
 def init_parameters(model: Any) -> None:
-    """The one init loop: the model's `init_parameter` for every parameter, in order (a tied parameter once)."""
+    """The one init loop: the model's `init_parameter` for every parameter, in order (a tied parameter once), then
+    its `init_buffers()` when it has buffers that are state."""
     for name, parameter in model.named_parameters():
         model.init_parameter(name, parameter)
+    if callable(init_buffers := getattr(model, "init_buffers", None)):
+        init_buffers()
+
+
+def own_model(model: Any) -> Any:
+    """The task's model inside a strategy's wrappers (Fabric's module wrapper keeps it as `module`)."""
+    return getattr(model, "module", model)
 
 
 def run_model(model: Any, inputs: Inputs) -> Any:
@@ -350,10 +365,33 @@ def run_model(model: Any, inputs: Inputs) -> Any:
     return model(*inputs) if isinstance(inputs, tuple) else model(inputs)
 
 
-def batch_loss(task: Task, model: Any, batch: Any) -> torch.Tensor:
-    """The loss of a micro-batch as every strategy composes it: split, forward, the task's loss."""
+class BatchLoss(NamedTuple):
+    """A micro-batch's loss: what backward sees, and the task's own part of it (what is reported as the loss)."""
+
+    objective: torch.Tensor  # the task's loss plus the model's auxiliary loss, when it has one
+    task_loss: torch.Tensor  # train/loss: it compares with val/loss and with a model without the auxiliary term
+
+
+def batch_loss(task: Task, model: Any, batch: Any) -> BatchLoss:
+    """The loss of a micro-batch as every strategy composes it: split, forward, the task's loss, plus the model's
+    auxiliary loss when it has one (the model logs that term itself: `end_model_step`)."""
     inputs, targets = task.split_batch(batch)
-    return task.loss(run_model(model, inputs), targets)
+    loss = task.loss(run_model(model, inputs), targets)
+    auxiliary = getattr(own_model(model), "auxiliary_loss", None)
+    term = auxiliary() if callable(auxiliary) else None
+    return BatchLoss(loss if term is None else loss + term, loss)
+
+
+def end_model_step(
+    model: Any, updated: bool, sum_over_ranks: Callable[[torch.Tensor], torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """After an optimizer step (`updated`: it was applied, not skipped), on every rank: the model's step statistics
+    summed over the ranks, handed back to it for its own updates; the figures it logs by name ({} when it records
+    none)."""
+    own = own_model(model)
+    statistics = getattr(own, "step_statistics", None)
+    summed = statistics() if callable(statistics) else None
+    return {} if summed is None else own.end_step(sum_over_ranks(summed), updated)
 
 
 def update_metrics_of(task: Task, model: Any, batch: Any, metrics: dict[str, Metric]) -> None:

@@ -15,6 +15,7 @@ import sys
 import time
 import warnings
 from functools import partial
+from typing import cast
 
 import torch
 from lightning.fabric import Fabric
@@ -29,6 +30,7 @@ from ..recipe.load import parse_recipe
 from ..recipe.schema import Recipe
 from ..strategies import TrainingStrategy
 from ..tasks import Task
+from ..tasks.base import end_model_step
 from .faults import fault_point, poison_loss
 from .monitor import (
     Monitor,
@@ -66,6 +68,10 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
     profiler = StepProfiler(fabric, recipe)  # only in the steps of profile.steps
     decision = None
     model.train()
+
+    def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+        return cast(torch.Tensor, fabric.all_reduce(tensor, reduce_op="sum"))
+
     while state["step"] < max_steps:
         profiler.step_begins(state["step"] + 1)
         loss_sum = torch.zeros((), device=fabric.device)
@@ -95,13 +101,20 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
             strategy.discard_gradients(fabric)
             state["skipped_updates"] += 1
             monitor.log_skipped_update(state["step"] + 1, state["skipped_updates"])
+        # What the model recorded in the step (a router's loads), summed over the ranks: its own update (every rank
+        # alike, so the model stays identical on all) and its figures. The world is the data-parallel group here:
+        # a model with step statistics runs without tensor or pipeline parallel.
+        updated = decision.update is Update.APPLY
+        model_figures = end_model_step(model, updated, sum_over_ranks)
         run.scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         state["step"] += 1
         state["units_seen"] += units_per_step
         step = state["step"]
         learning_rate = float(run.scheduler.get_last_lr()[0])
-        monitor.step_end(step, loss_sum / accumulate, grad_norm, learning_rate, state["units_seen"], run.batches.epoch)
+        monitor.step_end(
+            step, loss_sum / accumulate, grad_norm, learning_rate, state["units_seen"], run.batches.epoch, model_figures
+        )
         monitor.exclude(seconds=profiler.step_ends(step))  # writing a trace is not training time
 
         every_eval = recipe.eval.every_steps

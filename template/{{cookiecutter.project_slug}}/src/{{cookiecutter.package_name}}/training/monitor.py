@@ -12,6 +12,7 @@ terminal, one plain line per interval in a cluster log).
         time/checkpoint_save_seconds, time/validation_seconds
     stragglers/... each rank's own step time and data wait, the slowest named (training/stragglers.py)
     val/<name> for each of the task's validation figures (val/loss, val/perplexity for a language model)
+    the model's own figures of the step, by the names it gives (a mixture of experts' moe/...: tasks/base.py)
 
 <unit> is what the task counts (token, image, ...); the FLOP and MFU figures need the task's FLOPs per unit.
 """
@@ -306,8 +307,10 @@ class Monitor:
         learning_rate: float,
         units_seen: int,
         epoch: int,
+        model_figures: dict[str, torch.Tensor] | None = None,
     ) -> None:
-        """Count a finished optimizer step; at logging steps reduce, log and show the metrics (all ranks call)."""
+        """Count a finished optimizer step; at logging steps reduce, log and show the metrics (all ranks call).
+        `model_figures`: the model's own figures of the step, already reduced over the ranks (tasks/base.py)."""
         self.progress.advance(step)
         if step % self.every and step != self.max_steps:
             return
@@ -327,6 +330,7 @@ class Monitor:
             **gathered,
             "time/step_seconds": seconds / max(steps, 1),
             "time/unix_time": time.time(),  # the time axis of `report`
+            **{name: float(value) for name, value in (model_figures or {}).items()},
         }
         metrics["time/data_wait_fraction"] = metrics["time/data_wait_seconds"] / metrics["time/step_seconds"]
         if grad_norm is not None:  # a DTensor under FSDP2

@@ -56,7 +56,7 @@ def test_targets_count_only_reply_tokens_and_the_loss_is_their_mean() -> None:
     assert inputs[0, :12].tolist() == [1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13, 14]
     assert documents[0].tolist() == [0] * 4 + [1] * 5 + [2] * 3 + [-1] * 4
 
-    loss = batch_loss(sft_task(GPT), model, (inputs, targets, documents))
+    loss = batch_loss(sft_task(GPT), model, (inputs, targets, documents)).task_loss
     with torch.no_grad():
         logits = model(inputs, documents=documents)[0].double()
     by_hand = []
@@ -71,7 +71,7 @@ def test_targets_count_only_reply_tokens_and_the_loss_is_their_mean() -> None:
 def test_a_batch_without_a_counted_target_has_loss_zero_not_nan() -> None:
     model = build_model(GPT)
     sequences = ExampleSequences(examples([([1, 2, 3], [1, 0, 0])]), block_size=16, packing=True)
-    assert batch_loss(sft_task(GPT), model, sequences.batch([0])).item() == 0.0
+    assert batch_loss(sft_task(GPT), model, sequences.batch([0])).task_loss.item() == 0.0
 
 
 @pytest.mark.parametrize("config", [GPT, LLAMA], ids=["gpt", "llama"])
@@ -83,8 +83,8 @@ def test_packed_and_unpacked_batches_give_the_same_loss(config: ModelConfig) -> 
     unpacked = ExampleSequences(examples(), block_size=16, packing=False)
     assert (len(packed), len(unpacked)) == (1, 3)
     with torch.no_grad():
-        packed_loss = batch_loss(task, model, packed.batch([0]))
-        unpacked_loss = batch_loss(task, model, unpacked.batch([0, 1, 2]))
+        packed_loss = batch_loss(task, model, packed.batch([0])).task_loss
+        unpacked_loss = batch_loss(task, model, unpacked.batch([0, 1, 2])).task_loss
     torch.testing.assert_close(packed_loss, unpacked_loss, rtol=1e-6, atol=1e-6)
     # Example 2's logits in the pack are its logits alone in a row (positions restart at each example).
     inputs, _, documents = packed.batch([0])

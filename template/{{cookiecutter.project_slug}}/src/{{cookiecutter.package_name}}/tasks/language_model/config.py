@@ -13,6 +13,44 @@ from ...recipe.schema import EvalConfig, Recipe, field_path
 
 
 @dataclass
+class MoeConfig:
+    """A mixture of experts in place of each block's MLP (llama only): a router sends each token to top_k of
+    num_experts SwiGLU experts and sums their outputs, weighted by its scores (families/llama/moe.py).
+
+    Args:
+        num_experts: Routed experts per block; 0: a dense MLP (the other fields then stay at their defaults).
+        top_k: Experts each token is sent to (at most num_experts).
+        expert_intermediate_size: Hidden width of each expert's SwiGLU; 0: the dense MLP's
+            (model.intermediate_size or Llama's rule).
+        shared_experts: Experts every token passes through besides its routed ones (DeepSeek-MoE); 0: none.
+        gate: How router logits become scores: softmax (over the experts: Mixtral, Qwen-MoE) or sigmoid
+            (each expert on its own: DeepSeek-V3).
+        normalize_top_k: Divide each token's top_k scores by their sum, so its expert weights add up to 1.
+        load_balance: What keeps the experts' loads even: aux_loss (Switch/Mixtral: aux_loss_weight x
+            num_experts x sum_i f_i P_i, f_i the share of routed tokens expert i got, P_i its mean router
+            probability; 1.0 when the routing is uniform), bias (DeepSeek-V3, without an auxiliary loss: a
+            per-expert bias added to the scores for the top_k choice only, moved by bias_update_rate towards
+            the under-loaded experts after every optimizer step) or none.
+        aux_loss_weight: Weight of the auxiliary loss in the loss backpropagated (load_balance=aux_loss).
+        bias_update_rate: Step of the bias update, bias += rate x sign(mean load - load) (load_balance=bias).
+        capacity_factor: Tokens an expert takes per micro-batch, as a multiple of an even share
+            (tokens x top_k / num_experts); those beyond it are dropped (they skip that expert) and counted.
+            null: dropless (every expert takes all it is sent).
+    """
+
+    num_experts: int = field(default=0, metadata=bounds(at_least=0, at_most=4096, note="0: a dense MLP"))
+    top_k: int = field(default=2, metadata=bounds(at_least=1))
+    expert_intermediate_size: int = field(default=0, metadata=bounds(at_least=0, note="0: the dense MLP's width"))
+    shared_experts: int = field(default=0, metadata=bounds(at_least=0, note="0: none"))
+    gate: Literal["softmax", "sigmoid"] = "softmax"
+    normalize_top_k: bool = True
+    load_balance: Literal["aux_loss", "bias", "none"] = "aux_loss"
+    aux_loss_weight: float = field(default=0.01, metadata=bounds(at_least=0))
+    bias_update_rate: float = field(default=0.001, metadata=bounds(at_least=0))
+    capacity_factor: float | None = field(default=None, metadata=bounds(above=0, note="or null: dropless"))
+
+
+@dataclass
 class ModelConfig:
     """A decoder-only transformer; the defaults make a tiny model that trains on a laptop CPU.
 
@@ -36,6 +74,7 @@ class ModelConfig:
         norm_eps: Epsilon of the RMSNorm layers. llama only.
         init_from: A local Hugging Face Llama folder (config.json + safetensors) whose weights the run
             starts from instead of a random init; its config must match this section. llama only.
+        moe: A mixture of experts in place of each block's MLP (MoeConfig); num_experts 0: dense. llama only.
     """
 
     arch: Literal["gpt", "llama"] = "gpt"
@@ -53,6 +92,7 @@ class ModelConfig:
     tie_embeddings: bool = False
     norm_eps: float = field(default=1e-5, metadata=bounds(above=0))
     init_from: str | None = None
+    moe: MoeConfig = field(default_factory=MoeConfig)
 
     @property
     def kv_heads(self) -> int:
@@ -67,6 +107,11 @@ class ModelConfig:
         if self.intermediate_size:
             return self.intermediate_size
         return -(-int(8 * self.n_embd / 3) // 256) * 256
+
+    @property
+    def expert_hidden_size(self) -> int:
+        """Hidden width of each expert's SwiGLU (moe.expert_intermediate_size, or the dense MLP's)."""
+        return self.moe.expert_intermediate_size or self.mlp_hidden_size
 
     def tensor_parallel_dimensions(self) -> dict[str, int]:
         """Sizes that tensor parallel splits evenly over its ranks (attention heads and widths)."""

@@ -34,6 +34,12 @@ project's GPT, derived the same way from what its autograd graph saves:
 
 The tensor-parallel plan of this project splits q, k, v, fc by columns and the output projections by
 rows, with no sequence parallelism: norms, residuals and the head stay whole on every rank.
+
+A mixture of experts (E routed experts of hidden width f_e, k of them per token, shared experts of total width
+f_s, a router h*E) holds every expert, 3*h*f_e*E + 3*h*f_s + h*E per layer: parameters, model states and memory
+count them all. A token passes through k experts only: its FLOPs are 6 * (active matmul parameters, the MLP's
+being 3*h*f_e*k + 3*h*f_s + h*E) + 12 * n_layer * n_embd * s (`active_parameters`; MFU uses them), and its
+activations are those of a dense MLP of width k*f_e + f_s (`ffn_hidden`), the routing's own small tensors left out.
 """
 
 from __future__ import annotations
@@ -63,6 +69,15 @@ class Shape:
     norm_has_bias: bool = False  # LayerNorm with bias; RMSNorm has none
     learned_positions: bool = True
     tied_embeddings: bool = False
+    experts: int = 0  # routed experts of a mixture of experts (0: a dense MLP); ffn_hidden is then the active width
+    experts_per_token: int = 0  # top_k
+    expert_hidden: int = 0  # hidden width of each expert's SwiGLU
+    shared_hidden: int = 0  # total hidden width of the shared experts
+
+    def active_parameters(self) -> int:
+        """Parameters one token passes through: all but the routed experts it is not sent to."""
+        unused = (self.experts - self.experts_per_token) * 3 * self.n_embd * self.expert_hidden
+        return count_parameters(self) - self.n_layer * unused
 
     @property
     def head_dim(self) -> int:
@@ -81,10 +96,14 @@ class Shape:
         return layer_parameters(self, tensor_parallel)
 
     def tensor_parallel_problem(self, tensor_parallel: int) -> str | None:
+        if self.experts and tensor_parallel > 1:
+            return "the experts (no tensor-parallel plan)"
         return "the heads" if self.n_head % tensor_parallel or self.n_kv_head % tensor_parallel else None
 
     def describe(self) -> str:
         shape = f"n_layer={self.n_layer}, n_embd={self.n_embd}, n_head={self.n_head}, vocab_size={self.vocab_size}"
+        if self.experts:
+            shape += f", {self.experts} experts, top-{self.experts_per_token}, {self.active_parameters():,} active"
         return f"{shape}, sequence {self.sequence_length}"
 
     def activations(
@@ -134,6 +153,9 @@ def layer_linear_parameters(shape: Shape) -> tuple[int, int]:
     h, kv, ffn = shape.n_embd, shape.kv_width, shape.ffn_hidden
     inputs = 2 if shape.gated_mlp else 1
     split = h * (h + 2 * kv) + h * h + inputs * h * ffn + ffn * h
+    if shape.experts:  # no tensor parallel: every expert, the shared ones and the router, where the MLP was
+        split += 3 * h * (shape.experts * shape.expert_hidden + shape.shared_hidden) + h * shape.experts
+        split -= inputs * h * ffn + ffn * h
     replicated = 0
     if shape.bias:
         split += h + 2 * kv + inputs * ffn
@@ -271,5 +293,7 @@ def training_flops_per_token(shape: Shape) -> float:
 def layer_weight_matrices(shape: Shape) -> tuple[int, ...]:
     """Weight-matrix sizes of one layer (what matmuls multiply by), biases left out."""
     h, kv, ffn = shape.n_embd, shape.kv_width, shape.ffn_hidden
+    if shape.experts:  # the router, then the active width's gate, up and down (the experts a token is sent to)
+        return (h * h, h * kv, h * kv, h * h, h * shape.experts, h * ffn, h * ffn, ffn * h)
     mlp_in = (h * ffn, h * ffn) if shape.gated_mlp else (h * ffn,)
     return (h * h, h * kv, h * kv, h * h, *mlp_in, ffn * h)

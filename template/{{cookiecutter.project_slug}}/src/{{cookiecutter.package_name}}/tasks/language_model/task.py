@@ -21,6 +21,7 @@ from .config import (
     LanguageModelEvalConfig,
     LanguageModelRecipe,
     ModelConfig,
+    MoeConfig,
 )
 from .lora import check_lora
 
@@ -87,9 +88,16 @@ class LanguageModel(Task):
         check_model(model)
         check_eval_tasks(self.recipe.eval)
         check_lora(self.recipe)
+        if self.recipe.lora.rank and model.moe.num_experts:
+            raise RecipeError(
+                f"lora.rank={self.recipe.lora.rank} adapts dense projections: a mixture of experts"
+                f" (model.moe.num_experts={model.moe.num_experts}) has none to adapt (set lora.rank=0)"
+            )
 
     def tensor_parallel_dimensions(self) -> dict[str, int]:
         model = self.recipe.model
+        if model.moe.num_experts:  # no tensor-parallel plan for the experts (it comes with expert parallelism)
+            return {}
         return {field_path(model, key): size for key, size in model.tensor_parallel_dimensions().items()}
 
     def adapters(self) -> str | None:
@@ -220,6 +228,9 @@ class LanguageModel(Task):
             "data.format=sft": recipe.data.format == "sft",
             f"lora.rank={recipe.lora.rank}": bool(recipe.lora.rank),
             f"eval.tasks={recipe.eval.tasks}": bool(recipe.eval.tasks),
+            f"model.moe.num_experts={recipe.model.moe.num_experts} (it comes with expert parallelism)": bool(
+                recipe.model.moe.num_experts
+            ),
         }
         if fields := [field for field, applies in unsupported.items() if applies]:
             raise RecipeError(
@@ -249,6 +260,10 @@ class LanguageModel(Task):
         return TrainingEvaluation(self.recipe)
 
     def flops_per_unit(self) -> float:
+        if self.recipe.model.moe.num_experts:  # routing depends on the values: counted by formula, active experts only
+            from .sizing import model_shape
+
+            return model_shape(self.recipe.model).training_flops_per_sample() / self.recipe.model.block_size
         from .families import training_flops_per_token
 
         return float(training_flops_per_token(self.recipe.model))
@@ -283,6 +298,7 @@ def check_model(model: ModelConfig) -> None:
                 f"model.{name} applies only to model.arch={arch} (this recipe has {model.arch}; remove the key"
                 f" or set it to its default, {str(getattr(defaults, name)).lower()})"
             )
+    check_moe(model)
     if model.arch != "llama":
         return
     if model.n_head % model.kv_heads:
@@ -298,3 +314,25 @@ def check_model(model: ModelConfig) -> None:
         from .hf import check_init_from  # reads JSON only: no torch
 
         check_init_from(model)
+
+
+def check_moe(model: ModelConfig) -> None:
+    """A model.moe section that can run: on the llama family, top_k within the experts, its other fields left at
+    their defaults when the MLP is dense (the values' own bounds are declared on MoeConfig)."""
+    moe, defaults = model.moe, MoeConfig()
+    if not moe.num_experts:
+        if changed := [name for name in vars(defaults) if getattr(moe, name) != getattr(defaults, name)]:
+            raise RecipeError(f"model.moe.{changed[0]} applies only with model.moe.num_experts > 0 (remove it)")
+        return
+    if model.arch != "llama":
+        raise RecipeError(f"model.moe.num_experts={moe.num_experts} applies only to model.arch=llama")
+    if moe.top_k > moe.num_experts:
+        raise RecipeError(
+            f"model.moe.top_k={moe.top_k} is above model.moe.num_experts={moe.num_experts} (choose 1 to"
+            f" {moe.num_experts})"
+        )
+    if model.init_from is not None:
+        raise RecipeError(
+            f"model.init_from reads dense Llama folders: a mixture of experts (model.moe.num_experts={moe.num_experts})"
+            " starts from a random init"
+        )

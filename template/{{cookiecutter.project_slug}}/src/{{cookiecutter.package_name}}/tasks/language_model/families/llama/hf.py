@@ -38,7 +38,9 @@ def tensors(config: ModelConfig) -> dict[str, HFTensor]:
 
 
 def export_problem(config: ModelConfig) -> str | None:
-    """None: every Llama of this project maps onto LlamaForCausalLM exactly."""
+    """None for a dense Llama, which maps onto LlamaForCausalLM exactly; a mixture of experts has no mapping yet."""
+    if config.moe.num_experts:
+        return f"model.moe.num_experts={config.moe.num_experts}: a mixture of experts has no Hugging Face layout here"
     return None
 
 

@@ -18,6 +18,7 @@ from ....base import init_parameters
 from ...config import ModelConfig
 from ..documents import example_attention
 from ..kv_cache import KVCache, cached_attention
+from .moe import MoE, StepRecords
 
 
 def rotary_tables(config: ModelConfig, time: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,15 +76,24 @@ class Attention(nn.Module):
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, width: int, hidden: int) -> None:
         super().__init__()
-        hidden = config.mlp_hidden_size
-        self.gate = nn.Linear(config.n_embd, hidden, bias=False)
-        self.up = nn.Linear(config.n_embd, hidden, bias=False)
-        self.down = nn.Linear(hidden, config.n_embd, bias=False)
+        self.gate = nn.Linear(width, hidden, bias=False)
+        self.up = nn.Linear(width, hidden, bias=False)
+        self.down = nn.Linear(hidden, width, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+def mlp(config: ModelConfig) -> nn.Module:
+    """The block's MLP: a SwiGLU, or a mixture of experts (model.moe) whose shared experts are one SwiGLU as wide as
+    all of them (the sum of several SwiGLUs is one over their concatenated hidden units)."""
+    moe = config.moe
+    if not moe.num_experts:
+        return SwiGLU(config.n_embd, config.mlp_hidden_size)
+    shared = SwiGLU(config.n_embd, moe.shared_experts * config.expert_hidden_size) if moe.shared_experts else None
+    return MoE(config, shared)
 
 
 class Block(nn.Module):
@@ -94,7 +104,7 @@ class Block(nn.Module):
         self.norm_attn = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.attn = Attention(config)
         self.norm_mlp = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
-        self.mlp = SwiGLU(config)
+        self.mlp = mlp(config)
 
     def forward(
         self,
@@ -121,6 +131,7 @@ class Llama(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.token_embedding.weight
         init_parameters(self)
+        self.step_records: StepRecords | None = None  # of the MoE layers, found at the first training forward
 
     @staticmethod
     def tensor_parallel_plan() -> dict[str, ParallelStyle]:
@@ -147,10 +158,39 @@ class Llama(nn.Module):
         (`init_parameters` applies it to all, in order; a tied head is the embedding, named and drawn once)."""
         if param.dim() < 2:
             nn.init.ones_(param)
-        elif name.endswith(("attn.o.weight", "mlp.down.weight")):
+        elif name.endswith(("attn.o.weight", "mlp.down.weight", "mlp.experts.down", "mlp.shared.down.weight")):
             nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
         else:
             nn.init.normal_(param, mean=0.0, std=0.02)
+
+    def init_buffers(self) -> None:
+        """The routers' biases at zero (buffers that are state: after a meta-device build they hold garbage)."""
+        for module in self.modules():
+            if isinstance(module, MoE):
+                module.reset_expert_bias()
+
+    def auxiliary_loss(self) -> torch.Tensor | None:
+        """The auxiliary loss of the training forward just run: moe.aux_loss_weight x the MoE layers' mean balance
+        loss under load_balance=aux_loss, else None. It also adds that forward's figures to the step's: the
+        machinery calls it once after each training forward (tasks/base.py)."""
+        if not self.config.moe.num_experts:
+            return None
+        if self.step_records is None:
+            self.step_records = StepRecords([m for m in self.modules() if isinstance(m, MoE)])
+        balance = self.step_records.add_forward()
+        moe = self.config.moe
+        return moe.aux_loss_weight * balance if moe.load_balance == "aux_loss" else None
+
+    def step_statistics(self) -> torch.Tensor | None:
+        """What the step's training forwards recorded, one float tensor for the machinery to sum over the
+        data-parallel ranks (None for a dense model); cleared for the next step."""
+        return self.step_records.take() if self.step_records is not None else None
+
+    def end_step(self, summed: torch.Tensor, updated: bool) -> dict[str, torch.Tensor]:
+        """After the optimizer step, from `step_statistics` summed over the ranks: the routers' bias update
+        (load_balance=bias; only when the step's update was applied) and the figures logged (moe/...)."""
+        assert self.step_records is not None  # summed comes from step_statistics
+        return self.step_records.end_step(summed, update_bias=updated)
 
     def forward(
         self, idx: torch.Tensor, documents: torch.Tensor | None = None, caches: list[KVCache] | None = None

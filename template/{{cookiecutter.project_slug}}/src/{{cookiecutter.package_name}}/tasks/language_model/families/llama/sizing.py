@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ...sizing import Shape, count_parameters
 
 
 def shape(model: Any) -> Shape:
-    """The shape of the Llama a `ModelConfig` describes."""
+    """The shape of the Llama a `ModelConfig` describes; a mixture of experts' MLP counted as its active width."""
+    moe = model.moe
+    if moe.num_experts:
+        expert, shared = model.expert_hidden_size, moe.shared_experts * model.expert_hidden_size
+        dense = shape(replace(model, intermediate_size=moe.top_k * expert + shared, moe=type(moe)()))
+        return replace(
+            dense, experts=moe.num_experts, experts_per_token=moe.top_k, expert_hidden=expert, shared_hidden=shared
+        )
     return llama_shape(
         {
             "vocab_size": model.vocab_size,

@@ -1,0 +1,244 @@
+"""A mixture-of-experts feed-forward (model.moe): a router, routed SwiGLU experts as stacked weights, shared experts.
+
+Each token's router scores pick top_k of the experts (`route`); `dispatch` sorts the chosen (token, expert) pairs by
+expert, dropping those past an expert's capacity; the experts run over their contiguous rows at once
+(`torch._grouped_mm`, or a loop over experts where it cannot run); `combine` puts each result back, weighted by its
+score. The experts' weights are 3-D, [expert, out, in], so one dimension splits them over ranks; `dispatch` and
+`combine` are the one place tokens move between experts, the place an all-to-all takes over when experts live on
+different ranks.
+
+Each forward records its figures (the experts' loads, dropped pairs, the balance loss, the router's entropy) on
+the layer; the model folds them into the step's (model.py: `auxiliary_loss`, `end_step`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...config import ModelConfig, MoeConfig
+
+
+@dataclass
+class Routing:
+    """Each token's experts and their weights, and the router's distribution over all experts."""
+
+    experts: torch.Tensor  # (tokens, top_k) expert indices
+    weights: torch.Tensor  # (tokens, top_k) the weights their outputs are summed with (fp32)
+    probabilities: torch.Tensor  # (tokens, num_experts) the scores as a distribution (softmax, or sigmoid normalised)
+
+
+def route(logits: torch.Tensor, config: MoeConfig, bias: torch.Tensor | None = None) -> Routing:
+    """Top-k routing of router logits (tokens, num_experts), in fp32. `bias` (load_balance=bias) shifts the scores
+    for the choice of experts only: the weights are the unbiased scores (DeepSeek-V3)."""
+    logits = logits.float()
+    scores = logits.softmax(dim=-1) if config.gate == "softmax" else logits.sigmoid()
+    choice = scores if bias is None else scores + bias
+    experts = choice.topk(config.top_k, dim=-1).indices
+    weights = scores.gather(-1, experts)
+    if config.normalize_top_k:
+        weights = weights / weights.sum(dim=-1, keepdim=True).clamp(min=1e-20)
+    probabilities = scores if config.gate == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
+    return Routing(experts, weights, probabilities)
+
+
+@dataclass
+class Dispatched:
+    """The (token, expert) pairs that an expert computes, sorted by expert."""
+
+    rows: torch.Tensor  # (kept pairs, n_embd) each pair's token's input
+    weights: torch.Tensor  # (kept pairs,) its routing weight
+    pairs: torch.Tensor  # (kept pairs,) its index among the tokens x top_k pairs: where `combine` puts it back
+    counts: torch.Tensor  # (num_experts,) rows per expert, in order
+    dropped: torch.Tensor  # pairs past their expert's capacity (a scalar)
+
+
+def capacity(tokens: int, config: MoeConfig) -> int | None:
+    """Pairs one expert takes per micro-batch (capacity_factor x an even share), or None when dropless."""
+    if config.capacity_factor is None:
+        return None
+    return math.ceil(config.capacity_factor * tokens * config.top_k / config.num_experts)
+
+
+def dispatch(x: torch.Tensor, routing: Routing, num_experts: int, limit: int | None) -> Dispatched:
+    """Sort the (token, expert) pairs by expert (stably: within an expert, in token order) and keep the first `limit`
+    of each expert (all when None). x: (tokens, n_embd)."""
+    chosen = routing.experts.reshape(-1)
+    order = torch.argsort(chosen, stable=True)
+    counts = torch.bincount(chosen, minlength=num_experts)
+    dropped = counts.new_zeros(())
+    if limit is not None:
+        starts = counts.cumsum(0) - counts
+        place = torch.arange(order.numel(), device=order.device) - starts[chosen[order]]
+        order = order[place < limit]
+        kept = counts.clamp(max=limit)
+        dropped = (counts - kept).sum()
+        counts = kept
+    top_k = routing.experts.shape[1]
+    return Dispatched(x[order // top_k], routing.weights.reshape(-1)[order], order, counts, dropped)
+
+
+def combine(outputs: torch.Tensor, sent: Dispatched, tokens: int, top_k: int) -> torch.Tensor:
+    """Each token's weighted sum of its experts' outputs (a dropped pair adds nothing): (tokens, n_embd). Written
+    into the pairs' places, then summed over top_k: deterministic, unlike an index_add."""
+    weighted = outputs * sent.weights.to(outputs.dtype).unsqueeze(-1)
+    placed = weighted.new_zeros(tokens * top_k, outputs.shape[-1])
+    placed[sent.pairs] = weighted
+    return placed.view(tokens, top_k, -1).sum(dim=1)
+
+
+def grouped_mm_runs(x: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """Whether torch._grouped_mm computes these: it wants rows 16-byte aligned, and on CUDA bf16 on sm90 or newer."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    aligned = all(size * x.element_size() % 16 == 0 for w in weights for size in w.shape[1:])
+    if x.device.type == "cuda":
+        return aligned and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9
+    return aligned and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
+
+
+def grouped_experts(
+    x: torch.Tensor, counts: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor
+) -> torch.Tensor:
+    """SwiGLU of each expert over its rows, all experts in one grouped matmul each (weights [expert, out, in])."""
+    ends = counts.cumsum(0).to(torch.int32)
+    hidden = F.silu(torch._grouped_mm(x, gate.transpose(-2, -1), offs=ends))
+    hidden = hidden * torch._grouped_mm(x, up.transpose(-2, -1), offs=ends)
+    return torch._grouped_mm(hidden, down.transpose(-2, -1), offs=ends)
+
+
+def looped_experts(
+    x: torch.Tensor, counts: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor
+) -> torch.Tensor:
+    """The same as `grouped_experts`, one expert at a time (reads the counts on the host)."""
+    outputs = []
+    for expert, rows in enumerate(x.split(counts.tolist())):
+        hidden = F.silu(rows @ gate[expert].T) * (rows @ up[expert].T)
+        outputs.append(hidden @ down[expert].T)
+    return torch.cat(outputs)
+
+
+class Experts(nn.Module):
+    """num_experts SwiGLU experts as three stacked weights: gate and up [expert, hidden, n_embd], down [expert, n_embd,
+    hidden] (each expert's slice is an nn.Linear weight)."""
+
+    def __init__(self, num_experts: int, width: int, hidden: int) -> None:
+        super().__init__()
+        self.gate = nn.Parameter(torch.empty(num_experts, hidden, width))
+        self.up = nn.Parameter(torch.empty(num_experts, hidden, width))
+        self.down = nn.Parameter(torch.empty(num_experts, width, hidden))
+        self.use_grouped_mm = True  # False: always the loop (tests compare the two)
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        # Under autocast the matmuls run in its dtype, as a Linear would; _grouped_mm takes one dtype throughout.
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        x, weights = x.to(dtype), [w.to(dtype) for w in (self.gate, self.up, self.down)]
+        if self.use_grouped_mm and grouped_mm_runs(x, *weights):
+            return grouped_experts(x, counts, *weights)
+        return looped_experts(x, counts, *weights)
+
+
+@dataclass
+class Record:
+    """What one forward of an MoE layer saw (for the step's figures and the auxiliary loss)."""
+
+    loads: torch.Tensor  # (num_experts,) pairs routed to each expert, before capacity
+    dropped: torch.Tensor  # pairs dropped past capacity
+    balance_loss: torch.Tensor  # num_experts x sum_i f_i P_i (in the graph: the auxiliary loss's term)
+    entropy: torch.Tensor  # the router's mean entropy per token, in nats
+
+
+def balance_loss(routing: Routing, loads: torch.Tensor) -> torch.Tensor:
+    """num_experts x sum_i f_i P_i: f_i the share of the pairs routed to expert i, P_i its mean probability;
+    1.0 when both are uniform, up to num_experts when one expert takes everything."""
+    shares = loads.float() / loads.sum().clamp(min=1)
+    return routing.probabilities.shape[-1] * (shares * routing.probabilities.mean(dim=0)).sum()
+
+
+class MoE(nn.Module):
+    """The mixture-of-experts MLP of one block: routed experts, plus the shared experts every token passes through."""
+
+    def __init__(self, config: ModelConfig, shared: nn.Module | None) -> None:
+        super().__init__()
+        self.config: MoeConfig = config.moe
+        self.router = nn.Linear(config.n_embd, self.config.num_experts, bias=False)
+        self.experts = Experts(self.config.num_experts, config.n_embd, config.expert_hidden_size)
+        self.shared: nn.Module | None = shared
+        # The bias of load_balance=bias is state (saved and resumed) but no parameter: no gradient moves it.
+        bias = torch.zeros(self.config.num_experts) if self.config.load_balance == "bias" else None
+        self.expert_bias: torch.Tensor | None
+        self.register_buffer("expert_bias", bias, persistent=True)
+        self.record: Record | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        tokens, top_k = flat.shape[0], self.config.top_k
+        routing = route(self.router(flat), self.config, self.expert_bias)
+        sent = dispatch(flat, routing, self.config.num_experts, capacity(tokens, self.config))
+        out = combine(self.experts(sent.rows, sent.counts), sent, tokens, top_k).to(x.dtype)
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        loads = torch.bincount(routing.experts.reshape(-1), minlength=self.config.num_experts)
+        probabilities = routing.probabilities.detach()
+        entropy = -(probabilities * probabilities.clamp(min=1e-20).log()).sum(-1).mean()
+        # Overwritten, not added: a checkpointed block's recomputation in backward records the same again.
+        self.record = Record(loads, sent.dropped, balance_loss(routing, loads), entropy)
+        return out.view_as(x)
+
+    def reset_expert_bias(self) -> None:
+        """Zero the router's bias (after a meta-device build: buffers are allocated empty)."""
+        if self.expert_bias is not None:
+            with torch.no_grad():
+                self.expert_bias.zero_()
+
+
+class StepRecords:
+    """The figures of a step's training forwards, summed: one row per MoE layer, its experts' loads then the pairs
+    dropped, the balance loss, the router's entropy and the forwards counted (so the machinery sums them over ranks
+    in one collective, and means come out right however many forwards and ranks added to them)."""
+
+    def __init__(self, layers: list[MoE]) -> None:
+        # The layers' MoeConfig (the same for all), typed: nn.Module's attribute lookup would type it as a module.
+        self.config: MoeConfig = layers[0].config
+        self.layers = layers
+        self.sums: torch.Tensor | None = None
+
+    def add_forward(self) -> torch.Tensor:
+        """Add the figures the layers recorded in the forward just run; that forward's mean balance loss (in the graph)."""
+        records = [layer.record for layer in self.layers if layer.record is not None]
+        rows = torch.stack(
+            [
+                torch.cat([r.loads.float(), torch.stack([r.dropped.float(), r.balance_loss.detach(), r.entropy])])
+                for r in records
+            ]
+        )
+        rows = F.pad(rows, (0, 1), value=1.0)  # the forwards counted
+        self.sums = rows if self.sums is None else self.sums + rows
+        return torch.stack([r.balance_loss for r in records]).mean()
+
+    def take(self) -> torch.Tensor | None:
+        """The step's sums (None when no training forward ran), cleared for the next step."""
+        sums, self.sums = self.sums, None
+        return sums
+
+    def end_step(self, summed: torch.Tensor, update_bias: bool) -> dict[str, torch.Tensor]:
+        """Move each layer's bias towards balance (load_balance=bias, when the step's update was applied) from the
+        loads `summed` over the step's forwards and the data-parallel ranks; the step's figures by name."""
+        experts = self.config.num_experts
+        loads, dropped, balance, entropy, forwards = summed.split([experts, 1, 1, 1, 1], dim=-1)
+        if update_bias:
+            with torch.no_grad():
+                for layer, load in zip(self.layers, loads, strict=True):
+                    if layer.expert_bias is not None:
+                        step = self.config.bias_update_rate * torch.sign(load.mean() - load)
+                        layer.expert_bias.add_(step.to(layer.expert_bias.dtype))
+        return {
+            "moe/aux_loss": (balance / forwards).mean(),
+            "moe/load_imbalance": (loads.amax(-1) / loads.mean(-1).clamp(min=1e-20)).mean(),
+            "moe/dropped_fraction": dropped.sum() / loads.sum().clamp(min=1),
+            "moe/router_entropy": (entropy / forwards).mean(),
+        }
