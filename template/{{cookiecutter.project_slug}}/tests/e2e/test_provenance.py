@@ -50,6 +50,7 @@ def with_provenance(checkpoint: Path, **changes: object) -> None:
     (checkpoint / "meta.json").write_text(json.dumps(meta))
 
 
+@pytest.mark.slow  # trains the toy task (the module's run_dir)
 def test_every_checkpoint_and_the_csv_config_record_the_versions_hosts_and_launcher(run_dir: Path) -> None:
     logged = json.loads(next((run_dir / "csv").glob("**/version_0/provenance.json")).read_text())
     for step in (2, 4):
@@ -60,6 +61,7 @@ def test_every_checkpoint_and_the_csv_config_record_the_versions_hosts_and_launc
         assert "commit" in recorded and recorded == logged
 
 
+@pytest.mark.slow  # trains the toy task (the module's run_dir)
 @pytest.mark.usefixtures("toy_task_here")
 def test_checkpoint_inspect_and_the_report_show_the_provenance(
     run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -73,6 +75,7 @@ def test_checkpoint_inspect_and_the_report_show_the_provenance(
     assert f"torch {torch.__version__}" in page and f"local on {socket.gethostname()}" in page
 
 
+@pytest.mark.slow  # trains the toy task (the module's run_dir)
 def test_a_resume_after_a_package_upgrade_names_it_in_one_line_and_continues(
     run_dir: Path, tmp_path: Path, toy_source: Path
 ) -> None:
@@ -87,6 +90,7 @@ def test_a_resume_after_a_package_upgrade_names_it_in_one_line_and_continues(
     assert saved_provenance(resumed / "checkpoints" / "step-00000006")["versions"]["torch"] == torch.__version__
 
 
+@pytest.mark.slow  # trains the toy task (the module's run_dir)
 def test_the_strict_option_refuses_a_resume_of_other_code_before_anything_is_written(
     run_dir: Path, tmp_path: Path, toy_source: Path
 ) -> None:
@@ -98,6 +102,7 @@ def test_the_strict_option_refuses_a_resume_of_other_code_before_anything_is_wri
     assert_refused_before_launch([*args, "error"], message, refused, tmp_path / "home", source=toy_source)
 
 
+@pytest.mark.slow  # trains the toy task (the module's run_dir)
 def test_a_checkpoint_without_provenance_resumes_with_a_notice_even_when_strict(
     run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
