@@ -37,7 +37,9 @@ def check_context_parallel(strategy: Any) -> None:
     field = f"{field_path(Fsdp2Options, 'context_parallel_size')}={size}"
     if options.pipeline_parallel_size > 1 or strategy.hybrid:
         pipeline = f"{field_path(Fsdp2Options, 'pipeline_parallel_size')} > 1"
-        other = pipeline if options.pipeline_parallel_size > 1 else f"{field_path(StrategyConfig, 'name')}={strategy.name}"
+        other = (
+            pipeline if options.pipeline_parallel_size > 1 else f"{field_path(StrategyConfig, 'name')}={strategy.name}"
+        )
         raise RecipeError(f"{field} does not compose with {other} here (set it to 1, or use fsdp2 without a pipeline)")
     others = recipe.world_size // options.tensor_parallel_size
     if others % size:
@@ -63,7 +65,9 @@ def chunk_positions(length: int, rank: int, size: int, device: Any = None) -> to
 
     chunk = length // (2 * size)
     first, second = rank * chunk, (2 * size - 1 - rank) * chunk
-    return torch.cat([torch.arange(first, first + chunk, device=device), torch.arange(second, second + chunk, device=device)])
+    return torch.cat(
+        [torch.arange(first, first + chunk, device=device), torch.arange(second, second + chunk, device=device)]
+    )
 
 
 @dataclass(frozen=True)

@@ -134,8 +134,9 @@ class FSDP2(TrainingStrategy):
         )
 
     def data_parallel_size(self) -> int:
-        # Context-parallel peers share their samples, as tensor-parallel peers do.
-        return self.recipe.world_size // (self.tensor_parallel_size * self.pipeline_parallel_size * self.context_parallel_size)
+        # Tensor- and context-parallel peers share their samples; each pipeline stage sees every sample.
+        sharing = self.tensor_parallel_size * self.pipeline_parallel_size * self.context_parallel_size
+        return self.recipe.world_size // sharing
 
     def describe(self) -> str:
         text = f"strategy {self.name}"

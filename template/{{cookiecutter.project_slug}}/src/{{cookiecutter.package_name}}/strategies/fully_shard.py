@@ -32,7 +32,9 @@ class ModelParallel(ModelParallelStrategy):
     """Fabric's ModelParallelStrategy, clipping gradients that live on several device meshes (tensor parallel), and
     with `pipeline_parallel_size` > 1 on a (pipeline, data_parallel, tensor_parallel) mesh."""
 
-    def __init__(self, *args: Any, pipeline_parallel_size: int = 1, context_parallel_size: int = 1, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, pipeline_parallel_size: int = 1, context_parallel_size: int = 1, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.pipeline_parallel_size = pipeline_parallel_size
         self.context_parallel_size = context_parallel_size
