@@ -79,6 +79,7 @@ CP_RECIPE = RECIPES / "cpu-cp-debug.yaml"
         (["--model.block_size", "66"], "sequence length 66 does not divide into 2 x 2 equal chunks (choose 1)"),
         (["--strategy.fsdp2.pipeline_parallel_size", "2"], "compose with strategy.fsdp2.pipeline_parallel_size"),
         (["--strategy.fsdp2.context_parallel_size", "0"], "context_parallel_size"),
+        (["--data.format", "sft"], "data.format=sft does not compose with strategy.fsdp2.context_parallel_size=2"),
     ],
 )
 def test_context_parallel_sizes_that_cannot_split_are_refused_in_one_line(
