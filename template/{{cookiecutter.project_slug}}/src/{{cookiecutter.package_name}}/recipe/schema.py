@@ -47,6 +47,10 @@ class Fsdp2Options:
             Interleaved1F1B, >= 1 for InterleavedZeroBubble, 2 for ZBVZeroBubble).
         pipeline_split: Blocks per stage, in order (sums to the number of blocks); empty: balanced by
             parameter count.
+        context_parallel_size: Ranks that split every sequence (context parallel): each holds 2 of
+            2 x cp load-balanced chunks and attends over the keys and values gathered from the others;
+            they share the same samples. Divides the data-parallel ranks; 2 x cp divides the sequence
+            length. 1 turns it off.
     """
 
     tensor_parallel_size: int = field(default=1, metadata=bounds(at_least=1))
@@ -57,6 +61,7 @@ class Fsdp2Options:
     pipeline_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"] = "1F1B"
     pipeline_stages_per_rank: int = 1
     pipeline_split: list[int] = field(default_factory=list)
+    context_parallel_size: int = field(default=1, metadata=bounds(at_least=1))
 
 
 @dataclass

@@ -27,6 +27,7 @@ from .base import (
     divisors,
     process_group_options,
 )
+from .context_parallel import check_context_parallel, split_sequences
 from .pipeline_checks import check_pipeline, pipeline_rehearsal_problem
 
 if TYPE_CHECKING:
@@ -64,6 +65,10 @@ class FSDP2(TrainingStrategy):
     def pipeline_parallel_size(self) -> int:
         return self.options.pipeline_parallel_size
 
+    @property
+    def context_parallel_size(self) -> int:
+        return self.options.context_parallel_size
+
     def check(self) -> None:
         recipe, tensor_parallel = self.recipe, self.tensor_parallel_size
         if recipe.devices % tensor_parallel:
@@ -100,6 +105,8 @@ class FSDP2(TrainingStrategy):
             )
         if self.pipeline_parallel_size != 1:
             check_pipeline(self)
+        if self.context_parallel_size != 1:
+            check_context_parallel(self)
         if recipe.precision not in SHARDED_PRECISIONS:
             raise RecipeError(
                 f"precision={recipe.precision} is not supported with strategy.name={self.name}"
@@ -127,7 +134,9 @@ class FSDP2(TrainingStrategy):
         )
 
     def data_parallel_size(self) -> int:
-        return self.recipe.world_size // (self.tensor_parallel_size * self.pipeline_parallel_size)
+        # Tensor- and context-parallel peers share their samples; each pipeline stage sees every sample.
+        sharing = self.tensor_parallel_size * self.pipeline_parallel_size * self.context_parallel_size
+        return self.recipe.world_size // sharing
 
     def describe(self) -> str:
         text = f"strategy {self.name}"
@@ -264,6 +273,7 @@ class FSDP2(TrainingStrategy):
             data_parallel_size=self.data_parallel_size(),
             tensor_parallel_size=self.tensor_parallel_size,
             pipeline_parallel_size=self.pipeline_parallel_size,
+            context_parallel_size=self.context_parallel_size,
             **process_group_options(self.recipe),
         )
 
@@ -355,13 +365,15 @@ class FSDP2(TrainingStrategy):
         adjust_loss: Callable[[torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
         if self.pipeline_parallel_size == 1:
-            return super().forward_backward(fabric, model, batch, accumulate, adjust_loss)
+            with split_sequences(fabric, batch, self.context_parallel_size) as part:
+                return super().forward_backward(fabric, model, part, accumulate, adjust_loss)
         inputs, targets = self.task.split_batch(batch)
         return self.schedule.forward_backward(inputs, targets, accumulate, adjust_loss)
 
     def validation_step(self, fabric: Fabric, model: Any, batch: Any, metrics: dict[str, Any]) -> None:
         if self.pipeline_parallel_size == 1:
-            return super().validation_step(fabric, model, batch, metrics)
+            with split_sequences(fabric, batch, self.context_parallel_size) as part:
+                return super().validation_step(fabric, model, part, metrics)
         inputs, targets = self.task.split_batch(batch)
         self.schedule.evaluate(inputs, targets, partial(self.task.update_metrics, metrics=metrics))
         return None

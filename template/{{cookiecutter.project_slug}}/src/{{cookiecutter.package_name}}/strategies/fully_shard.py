@@ -32,22 +32,31 @@ class ModelParallel(ModelParallelStrategy):
     """Fabric's ModelParallelStrategy, clipping gradients that live on several device meshes (tensor parallel), and
     with `pipeline_parallel_size` > 1 on a (pipeline, data_parallel, tensor_parallel) mesh."""
 
-    def __init__(self, *args: Any, pipeline_parallel_size: int = 1, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, pipeline_parallel_size: int = 1, context_parallel_size: int = 1, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.pipeline_parallel_size = pipeline_parallel_size
+        self.context_parallel_size = context_parallel_size
 
     def setup_environment(self) -> None:
-        if self.pipeline_parallel_size == 1:
+        if self.pipeline_parallel_size == 1 and self.context_parallel_size == 1:
             return super().setup_environment()
         super(ModelParallelStrategy, self).setup_environment()
         self._setup_distributed()
         # Pipeline outermost: a stage's data- and tensor-parallel ranks are neighbours (tensor parallel inside
-        # a node), the stages cross the slower links, and the last rank holds the last stage.
-        self._device_mesh = init_device_mesh(
-            self.root_device.type,
-            (self.pipeline_parallel_size, int(self._data_parallel_size), int(self._tensor_parallel_size)),
-            mesh_dim_names=("pipeline", "data_parallel", "tensor_parallel"),
-        )
+        # a node), the stages cross the slower links, and the last rank holds the last stage. A context-parallel
+        # group sits between data and tensor parallel (as torchtitan's dp_shard x cp): its ranks exchange keys and
+        # values every layer, so they are neighbours too. "data_parallel" stays the ranks with their own samples
+        # (Fabric's sampler reads it).
+        dims = {
+            "pipeline": self.pipeline_parallel_size,
+            "data_parallel": int(self._data_parallel_size),
+            "context_parallel": self.context_parallel_size,
+            "tensor_parallel": int(self._tensor_parallel_size),
+        }
+        dims = {name: size for name, size in dims.items() if size > 1 or name in ("data_parallel", "tensor_parallel")}
+        self._device_mesh = init_device_mesh(self.root_device.type, tuple(dims.values()), mesh_dim_names=tuple(dims))
         return None
 
     def load_checkpoint(
@@ -107,6 +116,10 @@ class ModelParallel(ModelParallelStrategy):
 def sharding_meshes(device_mesh: DeviceMesh, replicas: int) -> tuple[DeviceMesh, DeviceMesh]:
     """The (data-parallel, tensor-parallel) meshes: 1-D data parallel, or 2-D (replicate, shard) for hsdp with
     `replicas` replica groups (one per node, or under pipeline parallel one per node of the nodes a stage spans)."""
+    if "context_parallel" in (device_mesh.mesh_dim_names or ()):
+        # Parameters are sharded, and gradients averaged, over data x context ranks: every rank holds a shard.
+        data_context = device_mesh["data_parallel", "context_parallel"]._flatten("data_context_parallel")
+        return data_context, device_mesh["tensor_parallel"]
     if replicas == 1:
         return device_mesh["data_parallel"], device_mesh["tensor_parallel"]
     # Same rank order as Fabric's (data_parallel, tensor_parallel) mesh, or ours with the pipeline outermost, with

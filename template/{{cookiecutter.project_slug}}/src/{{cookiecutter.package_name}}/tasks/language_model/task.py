@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...errors import RecipeError
-from ...recipe.schema import field_path
+from ...recipe.schema import Fsdp2Options, field_path
 from ..base import Benchmarks, Inputs, ModelCost, Splits, Task
 from .config import (
     ARCH_ONLY_FIELDS,
@@ -77,6 +77,13 @@ class LanguageModel(Task):
             raise RecipeError(
                 f"data.format=sft reads chat examples: data.source must be prepared (prepare --format sft) or"
                 f" embedded (the demo conversations), not {data.source}"
+            )
+        sharded = self.recipe.strategy.fsdp2
+        if data.format == "sft" and sharded is not None and sharded.context_parallel_size > 1:
+            # Each rank's loss is the mean over its own part: exact only when every part counts as many targets.
+            raise RecipeError(
+                f"data.format=sft does not compose with {field_path(Fsdp2Options, 'context_parallel_size')}="
+                f"{sharded.context_parallel_size} (its replies count unevenly across the parts): set it to 1"
             )
         if data.format != "sft" and not data.packing:
             raise RecipeError("data.packing=false applies to data.format=sft only (remove it)")

@@ -1,0 +1,114 @@
+"""Context parallel on the language model: the load-balanced split of a sequence, the positions and masks of each
+rank's part (simulated in one process), refusals of sizes that cannot split, and cp=2 over 2 processes training as
+one process does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import RECIPES, TINY, assert_same_losses, fail_with, read_csv_metrics, run_cli, train_losses
+
+from {{ cookiecutter.package_name }}.strategies.context_parallel import SequenceShard, chunk_positions, sharding
+from {{ cookiecutter.package_name }}.tasks.language_model.families.context import split_attention
+from {{ cookiecutter.package_name }}.tasks.language_model.families.documents import example_attention
+
+
+def test_each_rank_holds_two_chunks_that_balance_the_causal_work() -> None:
+    parts = [chunk_positions(16, rank, 2).tolist() for rank in range(2)]
+    assert parts == [[0, 1, 2, 3, 12, 13, 14, 15], [4, 5, 6, 7, 8, 9, 10, 11]]
+    parts = [chunk_positions(24, rank, 3) for rank in range(3)]
+    assert sorted(torch.cat(parts).tolist()) == list(range(24))  # every position once
+    assert len({int((part + 1).sum()) for part in parts}) == 1  # the keys each rank's queries see: equal
+
+
+@dataclass(frozen=True)
+class SimulatedShard(SequenceShard):
+    """A rank of a group simulated in one process: `gather` returns every rank's part of the whole tensor it was
+    split from (`wholes`, by dimension)."""
+
+    wholes: tuple[torch.Tensor, ...] = ()
+
+    def gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        whole = next(w for w in self.wholes if w.dim() == x.dim() and w.dtype == x.dtype)
+        length = whole.shape[dim]
+        parts = [whole.index_select(dim, chunk_positions(length, r, self.size)) for r in range(self.size)]
+        return torch.cat(parts, dim)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_attention_over_the_gathered_keys_gives_each_ranks_part_of_the_whole_sequences_output(packed: bool) -> None:
+    torch.manual_seed(0)
+    batch, heads, time, size = 2, 2, 16, 2
+    q, k, v = (torch.randn(batch, heads, time, 8) for _ in range(3))
+    documents = torch.tensor([[0] * 5 + [1] * 7 + [2] * 4, [0] * 16]) if packed else None
+    if documents is None:
+        whole, whole_positions = F.scaled_dot_product_attention(q, k, v, is_causal=True), torch.arange(time)
+    else:
+        mask, whole_positions = example_attention(documents)
+        whole = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    for rank in range(size):
+        wholes = (k,) if documents is None else (k, documents)
+        shard = SimulatedShard(None, rank, size, wholes=wholes)
+        own = chunk_positions(time, rank, size)
+        part_documents = None if documents is None else shard.split(documents)
+        with sharding(shard):
+            layout = split_attention(time // size, part_documents, q.device)
+        assert layout is not None
+        mask, positions = layout
+        keys, values = shard.gather(k, 2), SimulatedShard(None, rank, size, wholes=(v,)).gather(v, 2)
+        part = F.scaled_dot_product_attention(shard.split(q, 2), keys, values, attn_mask=mask)
+        torch.testing.assert_close(part, whole[:, :, own], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(positions, whole_positions[..., own])
+
+
+def test_without_a_shard_the_model_sees_whole_sequences() -> None:
+    assert split_attention(8, None, torch.device("cpu")) is None
+
+
+CP_RECIPE = RECIPES / "cpu-cp-debug.yaml"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["--strategy.fsdp2.context_parallel_size", "3"], "context_parallel_size=3 does not divide the 2 data"),
+        (["--model.block_size", "66"], "sequence length 66 does not divide into 2 x 2 equal chunks (choose 1)"),
+        (["--strategy.fsdp2.pipeline_parallel_size", "2"], "compose with strategy.fsdp2.pipeline_parallel_size"),
+        (["--strategy.fsdp2.context_parallel_size", "0"], "context_parallel_size"),
+        (["--data.format", "sft"], "data.format=sft does not compose with strategy.fsdp2.context_parallel_size=2"),
+    ],
+)
+def test_context_parallel_sizes_that_cannot_split_are_refused_in_one_line(
+    overrides: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["train", "--config", str(CP_RECIPE), "--out_dir", str(tmp_path / "run"), *overrides]
+    assert message in fail_with(argv, capsys)
+
+
+@pytest.mark.slow
+def test_context_parallel_over_2_processes_trains_as_one_process_on_whole_sequences(tmp_path: Path) -> None:
+    shared = [
+        "--config", str(CP_RECIPE), *TINY, "--model.n_kv_head", "1", "--train.micro_batch_size", "4",
+        "--train.max_steps", "4", "--eval.every_steps", "4", "--checkpoint.save_every_steps", "0",
+        "--checkpoint.resume", "null", "--logger.name", "csv",
+    ]  # fmt: skip
+    # cp: 2 processes, each half of every sequence of the same samples; whole: 1 process on whole sequences, the
+    # same samples (one data-parallel rank, as the cp group is one).
+    whole = ["--devices", "1", "--strategy.fsdp2.context_parallel_size", "1"]
+    runs = {"cp": ["--out_dir", str(tmp_path / "cp")], "whole": ["--out_dir", str(tmp_path / "whole"), *whole]}
+    for overrides in runs.values():
+        result = run_cli("train", *shared, *overrides)
+        assert result.returncode == 0, result.stderr[-3000:]
+    losses = {name: train_losses(tmp_path / name) for name in runs}
+    assert sorted(losses["whole"]) == [1, 2, 3, 4]
+    assert_same_losses(losses["cp"], losses["whole"], tolerance=1e-5)
+    validation = {
+        name: [float(row["val/loss"]) for row in read_csv_metrics(tmp_path / name) if row.get("val/loss")]
+        for name in runs
+    }
+    assert len(validation["whole"]) == 1
+    assert validation["cp"] == pytest.approx(validation["whole"], abs=1e-5)
