@@ -146,3 +146,52 @@ def test_a_malformed_manifest_is_refused_in_one_line_by_every_reader(
         argv = ["data", "verify", str(folder)]
     assert message in fail_with(argv, capsys)
     assert not (tmp_path / "run").exists()
+
+
+CODE_TASK = "task: code_task\ndataset_path: json\ndataset_kwargs:\n  data_files: {test: data.jsonl}\nprocess_docs: !function utils.process_docs\n"  # fmt: skip
+URL_TASK = "task: url_task\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: https://example.invalid/data.jsonl\n"  # fmt: skip
+
+
+def task_folder(tmp: Path, yaml_text: str, name: str = "task.yaml") -> Path:
+    """A folder of lm-eval task YAML whose utils.py, if ever imported, leaves a marker file beside it."""
+    folder = tmp / "tasks"
+    folder.mkdir()
+    (folder / name).write_text(yaml_text)
+    (folder / "utils.py").write_text(
+        "from pathlib import Path\nPath(__file__).with_name('ran').write_text('code ran')\n"
+        "def process_docs(docs):\n    return docs\n"
+    )
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (CODE_TASK, "runs Python from the folder (process_docs: !function utils.process_docs)"),
+        ("include: other.yml\ntask: t\n", "runs Python from the folder"),  # the !function is in the included file
+        (URL_TASK, "reads its data from 'https://example.invalid/data.jsonl', which would be downloaded"),
+    ],
+    ids=["a !function", "a !function in an included file", "a data file at a URL"],
+)
+def test_evaluate_refuses_a_task_folder_that_runs_code_or_downloads_before_anything_runs(
+    text: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = task_folder(tmp_path, text)
+    (folder / "other.yml").write_text("process_results: !function utils.process_docs\n")
+    # No checkpoint at all: the folder is refused first, not the missing checkpoint.
+    argv = ["evaluate", str(tmp_path / "no-checkpoint"), "--tasks", "t", "--include_path", str(folder)]
+    error = fail_with(argv, capsys)
+    assert message in error
+    assert not (folder / "ran").exists()
+
+
+def test_a_recipe_with_a_task_folder_that_runs_code_is_refused_unless_it_allows_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = task_folder(tmp_path, CODE_TASK)
+    args = train_args(tmp_path / "run", "--eval.tasks", "[code_task]", "--eval.tasks_include_path", str(folder))
+    assert "eval.tasks_allow_code: true" in fail_with(args, capsys)
+    assert not (folder / "ran").exists() and not (tmp_path / "run").exists()
+    from {{ cookiecutter.package_name }}.tasks.language_model.task_folder import check_task_folder
+
+    check_task_folder(str(folder), True, "eval.tasks_include_path", "")  # allowed by name: accepted
