@@ -45,8 +45,14 @@ def problem_with(path: Path) -> str | None:
         return f"no {META_FILE} (the save did not finish)"
     except (OSError, ValueError) as error:
         return f"unreadable {META_FILE} ({error})"
-    for name, record in meta.get("files", {}).items():
-        file, size = path / name, file_record(record)[0]
+    if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
+        return f"{META_FILE} is not an object with a 'files' table (not a checkpoint's)"
+    for name, record in meta["files"].items():
+        try:
+            size = file_record(record)[0]
+        except (KeyError, TypeError, ValueError):
+            return f"{META_FILE} records {name} as {str(record)[:60]!r}, not its size and sha256"
+        file = path / name
         if not file.is_file():
             return f"missing {name}"
         if file.stat().st_size != size:
@@ -145,9 +151,18 @@ def new_partial(target: Path) -> Path:
     return partial
 
 
-def read_meta(path: Path) -> dict[str, Any]:
-    """The metadata of a complete checkpoint."""
-    return json.loads((path / META_FILE).read_text())
+def read_meta(path: Path, needs: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The metadata of a complete checkpoint (`problem_with` has read it), with the keys its reader `needs`: one
+    line when one is missing or the file is not an object."""
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+    except (OSError, ValueError) as error:
+        raise RecipeError(f"checkpoint {path}: unreadable {META_FILE} ({error})") from None
+    if not isinstance(meta, dict):
+        raise RecipeError(f"checkpoint {path}: {META_FILE} is not a JSON object (not a checkpoint's)")
+    if missing := [key for key in needs if not isinstance(meta.get(key), str | int) or isinstance(meta[key], bool)]:
+        raise RecipeError(f"checkpoint {path}: {META_FILE} has no {missing[0]!r} (not a complete checkpoint's)")
+    return meta
 
 
 def scan_checkpoints(root: Path) -> tuple[list[Path], dict[Path, str]]:

@@ -55,7 +55,7 @@ def verified_resume(fabric: Fabric, path: Path, recipe: Recipe) -> Path:
 
 def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any], recipe: Recipe) -> None:
     """Restore `state` in place from a checkpoint folder, including this rank's RNG states."""
-    meta = read_meta(path)
+    meta = read_meta(path, needs=("strategy",))
     # Every rank checks every small file before anything is unpickled, so that all refuse a crafted one alike.
     if STRATEGIES(meta["strategy"]).checkpoint_layout == "sharded":  # torch.distributed.checkpoint's layout
         from lightning.fabric.strategies.model_parallel import _METADATA_FILENAME
