@@ -138,7 +138,7 @@ def read_recipe_file(path: Path, source: str) -> dict[str, Any] | None:
     try:
         text = path.read_text()
         _check_expansion(yaml.compose(text), source)
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader that also refuses duplicate keys)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -154,6 +154,31 @@ def read_recipe_file(path: Path, source: str) -> dict[str, Any] | None:
             f"{source}: must be a mapping of keys (devices: 2, strategy: ..., train: ...), not a {type(data).__name__}"
         )
     return data
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: YAML keeps the last silently, and a recipe
+    that says `lr` twice means one of them by mistake. Keys merged in with `<<` may be overridden, as YAML intends."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+                seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: the constructor below refuses it
+                continue
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first on line {first}; give each key once)",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
 
 
 def _check_expansion(root: yaml.Node | None, source: str) -> None:
