@@ -129,7 +129,9 @@ def test_print_config_shows_the_resolved_recipe() -> None:
     assert "max_steps: 7" in result.stdout and "name: fsdp2" in result.stdout
 
 
-@pytest.mark.parametrize("printing", [["--print_config"], ["--print_config=skip_null"], ["--print_config", "skip_null"]])
+@pytest.mark.parametrize(
+    "printing", [["--print_config"], ["--print_config=skip_null"], ["--print_config", "skip_null"]]
+)
 def test_print_config_runs_the_checks_before_printing(printing: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["train", "--config", str(RECIPES / "cpu-debug.yaml"), "--train.max_steps", "-5", *printing]
     assert "train.max_steps=-5 must be >= 1" in fail_with(argv, capsys)  # exit 2, nothing printed but the line

@@ -97,12 +97,10 @@ def read_segments(run_dir: Path) -> list[Segment]:
                 rows = [row for row in csv.DictReader(handle) if (row.get("step") or "").strip()]
         except (UnicodeDecodeError, csv.Error) as error:
             raise RecipeError(f"report: {path} is not a CSV file of UTF-8 text ({error})") from None
-        for row in rows:
-            row["step"] = _step(path, row["step"])
+        steps = [_step(path, row["step"]) for row in rows]
         # The time of a step: from its training row, for the other rows of that step (validation, checkpoint).
-        times = {row["step"]: _number(row.get(TIME_KEY)) for row in rows if row.get(TIME_KEY)}
-        for row in rows:
-            step = row["step"]
+        times = {step: _number(row.get(TIME_KEY)) for step, row in zip(steps, rows, strict=True) if row.get(TIME_KEY)}
+        for step, row in zip(steps, rows, strict=True):
             for key, text in row.items():
                 value = _number(text)
                 if key in ("step", TIME_KEY) or key is None or math.isnan(value):

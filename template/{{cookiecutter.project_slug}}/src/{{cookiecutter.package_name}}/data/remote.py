@@ -237,6 +237,54 @@ def permanent(error: BaseException) -> bool:
     return code in PERMANENT_CODES or status in (401, 403, 404)
 
 
+def read_small(url: str, name: str, field: str) -> bytes:
+    """One small file of a remote folder (its manifest), read whole: at most SMALL_FILE_BYTES, else one line."""
+    import fsspec
+
+    try:
+        fs, root = fsspec.core.url_to_fs(url.rstrip("/"))
+        with fs.open(f"{root}/{name}", "rb") as handle:
+            data = handle.read(SMALL_FILE_BYTES + 1)
+    except (ImportError, ValueError) as error:
+        raise RecipeError(f"{field}={url!r}: cannot read this URL ({error})") from None
+    except FileNotFoundError:
+        raise RecipeError(f"{field}={url!r}: no {name} there (not a prepared folder)") from None
+    except Exception as error:  # the store's refusal or a failed transfer: one line, as a run says it
+        raise RecipeError(f"{field}={url!r}: reading {name} failed: {error}") from None
+    if len(data) > SMALL_FILE_BYTES:
+        raise RecipeError(f"{field}={url!r}: {name} is larger than {SMALL_FILE_BYTES >> 20} MiB: not a manifest")
+    return data
+
+
+def verify_remote(url: str, files: list[Listed], field: str) -> None:
+    """Every listed file of a remote folder read once and compared with its size and SHA-256 (nothing is kept)."""
+    import fsspec
+
+    from ..progress import counted
+
+    fs, root = fsspec.core.url_to_fs(url.rstrip("/"))
+    found = {Path(entry["name"]).name: int(entry.get("size") or 0) for entry in fs.ls(root, detail=True)}
+    for name, size, _ in files:
+        if name not in found or (size is not None and found[name] != size):
+            state = "missing" if name not in found else f"{found[name]} bytes, the manifest says {size}"
+            raise RecipeError(f"{field}={url!r}: {name} is {state} (prepare again)")
+    total = sum(max(1, -(-found[name] // PIECE)) for name, _, _ in files)
+    progress = counted(range(total), f"Verifying {url}", total=total, unit="MiB")
+    for name, _, sha256 in files:
+        digest = hashlib.sha256()
+        try:
+            with fs.open(f"{root}/{name}", "rb") as source:
+                while piece := source.read(PIECE):
+                    digest.update(piece)
+                    next(progress, None)
+        except Exception as error:  # the store's refusal or a failed transfer
+            raise RecipeError(f"{field}={url!r}: reading {name} failed: {error}") from None
+        if digest.hexdigest() != sha256:
+            raise RecipeError(f"{field}={url!r}: {name} does not match its sha256 in the manifest (damaged or changed)")
+    for _ in progress:  # the bar to its end (empty files count a piece each)
+        pass
+
+
 class CachedShards(Sequence[Any]):
     """The shards of a remote folder as a sequence of arrays: each one a memory map of its cached copy, opened on
     first read; `will_read` (from the sampler, through the token array) fetches ahead and releases the rest."""

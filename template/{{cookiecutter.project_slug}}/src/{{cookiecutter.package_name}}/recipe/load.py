@@ -140,7 +140,7 @@ def read_recipe_file(path: Path, source: str) -> dict[str, Any] | None:
     try:
         text = path.read_text()
         _check_expansion(yaml.compose(text), source)
-        data = yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader that also refuses duplicate keys)
+        data = yaml.load(text, Loader=_RecipeLoader)  # a SafeLoader that also refuses duplicate keys
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""

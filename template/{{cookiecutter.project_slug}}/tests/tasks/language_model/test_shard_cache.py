@@ -204,3 +204,19 @@ def test_a_clients_error_with_a_permanent_code_is_permanent() -> None:
         response: ClassVar[dict] = {"Error": {"Code": "AccessDenied"}}
 
     assert remote.permanent(ClientError()) and not remote.permanent(ConnectionError("reset"))
+
+
+def test_data_verify_reads_a_url_as_a_url_and_every_byte_it_lists(
+    bucket: tuple[str, list[Listed]], capsys: pytest.CaptureFixture
+) -> None:
+    from {{ cookiecutter.package_name }}.cli import main
+
+    url, files = bucket
+    memory, root = fsspec.filesystem("memory"), url.removeprefix("memory://")
+    memory.pipe(f"{root}/tokenizer.json", b"{}")
+    tokenizer = {"file": "tokenizer.json", "sha256": hashlib.sha256(b"{}").hexdigest(), "vocab_size": 400}
+    remote_manifest(url, files, tokenizer=tokenizer)
+    main(["data", "verify", url])
+    assert capsys.readouterr().out.startswith(f"{url}: every file matches its manifest: 300 tokens in 6 shard(s)")
+    memory.pipe(f"{root}/shard-00003.bin", SHARDS[0].tobytes())  # same size, other bytes
+    assert "shard-00003.bin does not match its sha256" in fail_with(["data", "verify", url], capsys)

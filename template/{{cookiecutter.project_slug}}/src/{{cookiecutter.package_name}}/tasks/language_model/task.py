@@ -62,9 +62,11 @@ class LanguageModel(Task):
         return [f"--{field_path(ModelConfig, 'init_from')}", "null", *overrides]
 
     @classmethod
-    def verify_prepared(cls, folder: Path) -> str:
-        from .data.prepared import describe_folder, read_manifest, verify
+    def verify_prepared(cls, folder: Path | str) -> str:
+        from .data.prepared import describe_folder, read_manifest, verify, verify_url
 
+        if isinstance(folder, str):  # a URL
+            return verify_url(folder, field="PATH")
         verify(folder, read_manifest(folder, "PATH"), checksums=True, field="PATH")
         return describe_folder(folder)
 

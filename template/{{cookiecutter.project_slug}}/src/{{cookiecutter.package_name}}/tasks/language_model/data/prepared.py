@@ -254,10 +254,29 @@ def remote_tokenizer(url: str, cache_dir: Path, field: str = DATA_PATH) -> tuple
     return cache.path(listed_files(manifest, where)[0]), manifest
 
 
+def verify_url(url: str, field: str = DATA_PATH) -> str:
+    """`data verify URL`: the remote folder's manifest checked as a local one's, every file it lists read once and
+    compared with its size and SHA-256; one line on what it holds."""
+    import tempfile
+
+    from ....data.remote import read_small, verify_remote
+
+    where = f"{field}={url!r}"
+    with tempfile.TemporaryDirectory() as folder:  # the manifest where the local reader reads it
+        (Path(folder) / MANIFEST).write_bytes(read_small(url, MANIFEST, field))
+        manifest = read_manifest(Path(folder), field, where)
+    verify_remote(url, listed_files(manifest, where), field)
+    return describe_manifest(manifest)
+
+
 def describe_folder(folder: Path) -> str:
     """One line on what a prepared folder holds."""
-    manifest = read_manifest(folder)
+    return describe_manifest(read_manifest(folder))
+
+
+def describe_manifest(manifest: dict[str, Any]) -> str:
+    """One line on what a prepared folder's manifest lists."""
     return (
-        f"{sum(shard['tokens'] for shard in manifest['shards']):,} tokens in {len(manifest['shards'])} shard(s), vocabulary"
-        f" {manifest['tokenizer']['vocab_size']}, validation {manifest['validation']['tokens']:,} tokens"
+        f"{sum(shard['tokens'] for shard in manifest['shards']):,} tokens in {len(manifest['shards'])} shard(s),"
+        f" vocabulary {manifest['tokenizer']['vocab_size']}, validation {manifest['validation']['tokens']:,} tokens"
     )
