@@ -56,3 +56,20 @@ def test_a_complete_folder_whose_meta_json_has_no_strategy_is_refused_by_inspect
 ) -> None:
     folder = checkpoint(tmp_path / "run", {"step": 4, "files": {"state/x": 3}})
     assert "meta.json has no 'strategy'" in fail_with(["checkpoint", "inspect", str(folder)], capsys)
+
+
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_a_partial_output_is_removed_when_its_command_is_asked_to_stop(kind: str, tmp_path: Path) -> None:
+    """export, consolidate and prepare write through this: SIGTERM mid-write exits 143 and leaves no `.partial`."""
+    import os
+    import signal
+
+    from {{ cookiecutter.package_name }}.checkpoint.layout import new_partial, removed_unless_finished
+
+    partial = new_partial(tmp_path / "out") if kind == "folder" else tmp_path / "weights.pt.partial"
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exited, removed_unless_finished(partial):
+        (partial / "model.safetensors" if kind == "folder" else partial).write_bytes(b"half")
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert exited.value.code == 128 + signal.SIGTERM
+    assert not partial.exists() and signal.getsignal(signal.SIGTERM) is before  # the handler put back

@@ -9,12 +9,16 @@ every file) is written last, so a folder with the final name whose files match m
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +143,31 @@ def free_bytes(path: Path) -> int:
 
 def _size(count: int) -> str:
     return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
+
+
+@contextlib.contextmanager
+def removed_unless_finished(partial: Path) -> Iterator[Path]:
+    """Run a command's writing of `partial` (a `.partial` file or folder it created); if the block fails or the
+    process is asked to stop (SIGTERM: a scheduler's or a user's `kill`, turned into an exit with status 143),
+    remove `partial`, so that an interrupted command leaves nothing behind that would block its rerun."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _exit_on_terminate)
+    try:
+        yield partial
+    except BaseException:
+        if partial.is_dir() and not partial.is_symlink():
+            shutil.rmtree(partial, ignore_errors=True)
+        else:
+            partial.unlink(missing_ok=True)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the cleanup above, with the shell's status for a TERM
 
 
 def new_partial(target: Path) -> Path:

@@ -17,7 +17,7 @@ from lightning.fabric import Fabric
 from ..errors import ExitCode, RecipeError, TrainingStopped
 from ..recipe.registry import STRATEGIES
 from ..recipe.schema import Recipe
-from .layout import META_FILE, damaged_files, list_checkpoints, read_meta, step_of
+from .layout import META_FILE, damaged_files, list_checkpoints, read_meta, removed_unless_finished, step_of
 from .rng import set_rng_state
 from .safety import check_metadata, load_tensors
 
@@ -168,6 +168,7 @@ def consolidate(path: Path, output: Path, force: bool = False) -> dict[str, Any]
         raise RecipeError(f"{temporary} exists (left by an interrupted run?): delete it, then run again")
     weights = load_full_state(path)["model"]
     output.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(weights, temporary)
-    temporary.replace(output)
+    with removed_unless_finished(temporary):
+        torch.save(weights, temporary)
+        temporary.replace(output)
     return weights
