@@ -1,4 +1,4 @@
-"""A checkpoint's meta.json as any file may be: a list, a table without `files`, a file recorded as neither a
+"""A checkpoint's meta.json as any file may be: a list, files that are not a table, a file recorded as neither a
 size nor a size and digest, a complete folder without its strategy. Every reader says so in one line (listing
 names the folder incomplete; inspect, consolidate and resume refuse it), none with a traceback."""
 
@@ -15,7 +15,7 @@ from {{ cookiecutter.package_name }}.cli import main
 # (id, meta.json's content, why the folder is not a checkpoint, as the line says it)
 BAD_META = [
     ("a list", [1, 2], "meta.json is not an object with a 'files' table"),
-    ("no files table", {"step": 4, "strategy": "ddp"}, "meta.json is not an object with a 'files' table"),
+    ("files as a list", {"step": 4, "files": ["state/x"]}, "meta.json is not an object with a 'files' table"),
     ("a file recorded as a word", {"step": 4, "files": {"state/x": "big"}}, "meta.json records state/x as 'big'"),
     ("a file record without its digest", {"step": 4, "files": {"state/x": {"bytes": 3}}}, "meta.json records state/x"),
 ]  # fmt: skip

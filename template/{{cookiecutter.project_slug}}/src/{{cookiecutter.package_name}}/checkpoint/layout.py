@@ -49,9 +49,10 @@ def problem_with(path: Path) -> str | None:
         return f"no {META_FILE} (the save did not finish)"
     except (OSError, ValueError) as error:
         return f"unreadable {META_FILE} ({error})"
-    if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
+    files = meta.get("files", {}) if isinstance(meta, dict) else None
+    if not isinstance(files, dict):
         return f"{META_FILE} is not an object with a 'files' table (not a checkpoint's)"
-    for name, record in meta["files"].items():
+    for name, record in files.items():
         try:
             size = file_record(record)[0]
         except (KeyError, TypeError, ValueError):

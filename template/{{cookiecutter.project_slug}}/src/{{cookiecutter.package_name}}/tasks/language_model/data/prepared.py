@@ -149,11 +149,18 @@ def count_token(tokens: ShardedTokens, token: int) -> int:
 
 def read_manifest(folder: Path, field: str = DATA_PATH, where: str | None = None) -> dict[str, Any]:
     """The manifest of a complete prepared folder; refuses a missing, unfinished or foreign one, and one whose
-    entries are not what this code reads (`listed_files`). `where`: how to name the folder (a URL's cache)."""
+    entries are not what this code reads (`listed_files`, the tokenizer's ids, the validation split). `where`:
+    how to name the folder (a URL's cache)."""
     manifest = load_manifest(
         folder, field, f"prepare INPUTS --out {folder}", FORMAT, needs=("tokenizer", "dtype", "shards")
     )
-    listed_files(manifest, where or f"{field}={str(folder)!r}")
+    where = where or f"{field}={str(folder)!r}"
+    listed_files(manifest, where)
+    for key in ("vocab_size", *(["eos_id"] if "eos_id" in manifest["tokenizer"] else [])):
+        field_of(where, manifest["tokenizer"], key, int, "tokenizer")
+    validation = field_of(where, manifest, "validation", dict, "")
+    for key in ("first_token", "tokens"):
+        field_of(where, validation, key, int, "validation")
     return manifest
 
 
@@ -167,11 +174,6 @@ def listed_files(manifest: dict[str, Any], where: str) -> list[Listed]:
             f"{where}: {MANIFEST} dtype {str(dtype)[:40]!r} is not allowed (one of {', '.join(TOKEN_DTYPES)})"
         )
     tokenizer = field_of(where, manifest, "tokenizer", dict, "")
-    for key in ("vocab_size", *(["eos_id"] if "eos_id" in tokenizer else [])):
-        field_of(where, tokenizer, key, int, "tokenizer")
-    validation = field_of(where, manifest, "validation", dict, "")
-    for key in ("first_token", "tokens"):
-        field_of(where, validation, key, int, "validation")
     itemsize = np.dtype(dtype).itemsize
     files = [check_listed(where, Listed(TOKENIZER, None, field_of(where, tokenizer, "sha256", str, "tokenizer")))]
     for index, shard in enumerate(entries(where, manifest["shards"], "shards")):
