@@ -231,9 +231,8 @@ class Task:
 
     @classmethod
     def verify_prepared(cls, folder: Path | str) -> str:
-        """Check every byte of a folder this task's `prepare` wrote against its manifest (`data verify`, with
-        progress; a URL comes as a string); one line on what it holds. Raise RecipeError naming the first file that
-        does not match."""
+        """Check every byte of a folder (a URL: a string) this task's `prepare` wrote against its manifest (`data
+        verify`, with progress); one line on what it holds. Raise RecipeError naming the first file that differs."""
         raise RecipeError(f"task {cls.name} has no prepared folders to verify")
 
     def reference_model(self, parameters: float) -> dict[str, Any] | None:
