@@ -142,6 +142,7 @@ def test_the_schema_refuses_a_broken_pytorchjob(break_job: Any, message: str) ->
         ("rayjob", "img; rm -rf /", "runs", [], "--image"),
         ("pytorchjob", "img", "Bad_Name", [], "--pvc"),
         ("pytorchjob", "img", "runs", ["--out_dir", "out/a"], "out_dir"),
+        ("pytorchjob", "img", "runs", ["--out_dir", "/runs/../etc/cron.d"], "is not on the volume"),
         ("tfjob", "img", "runs", [], "--kind"),
         ("rayjob", "img", "runs", ["--out_dir", "/runs/$(HOME)"], r"has '\$'"),
         ("rayjob", "img", "runs", ["--accelerator", "cpu", "--num_nodes", "2"], "cannot keep devices=2 per node"),
@@ -163,6 +164,16 @@ def test_command_writes_the_manifest(tmp_path: Path, kind: str) -> None:
     many = tmp_path / "many.yaml"
     main(["k8s", "cpu-debug", "--kind", kind, "--image", "img", "--pvc", "runs", "--out", str(many), "--out_dir", "/runs/a", "--num_nodes", "4", "--devices", "8", "--accelerator", "cuda"])  # fmt: skip
     assert not re.search(r"[&*]id\d", text + many.read_text()), many.read_text()
+
+
+def test_a_library_recipe_is_named_by_its_place_in_the_project_not_this_machines_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # anywhere but the project folder
+    out = tmp_path / "job.yaml"
+    main(["k8s", "cpu-debug", "--image", "img", "--pvc", "runs", "--out", str(out), "--out_dir", "/runs/a"])
+    text = out.read_text()
+    assert "recipes/cpu-debug.yaml" in text and str(RECIPES) not in text
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import importlib.util
 import io
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -28,6 +29,7 @@ from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.planner.hardware import gpu_model, peak_tflops
 from {{ cookiecutter.package_name }}.recipe.schema import LoggerConfig, TrainConfig
 from {{ cookiecutter.package_name }}.tasks import task_class, task_names
+from {{ cookiecutter.package_name }}.training.metrics_csv import MetricsCsv
 from {{ cookiecutter.package_name }}.training.monitor import (
     Monitor,
     Progress,
@@ -275,7 +277,7 @@ def test_wandb_logs_through_lightnings_logger_without_a_version_warning(
     monkeypatch.delenv("WANDB_SILENT", raising=False)  # the warning must not be hidden, but absent
     recipe = tiny_recipe(tmp_path, name="wandb")
     loggers = build_loggers(recipe, run_id="abcd1234")
-    assert [type(logger) for logger in loggers] == [WandbLogger, CSVLogger]  # CSV: what `report` reads
+    assert [type(logger) for logger in loggers] == [WandbLogger, MetricsCsv]  # CSV: what `report` reads
     log_config(loggers, recipe)
     loggers[0].log_metrics({"train/loss": 2.0}, step=1)
     finish_loggers(loggers)
@@ -318,3 +320,47 @@ def test_credentials_are_never_recipe_fields(task: str) -> None:
     fields = names(task_class(task).recipe_type)
     assert "logger.project" in fields
     assert not [name for name in fields if secret.search(name.rsplit(".", 1)[-1])]
+
+
+@pytest.mark.parametrize("when", ["appending rows", "rewriting the header for a new metric"])
+def test_a_full_disk_while_logging_ends_like_a_failed_save_and_keeps_the_rows_written(
+    when: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from {{ cookiecutter.package_name }}.errors import ExitCode, TrainingStopped
+
+    logger = MetricsCsv(root_dir=tmp_path / "csv", name="", flush_logs_every_n_steps=1)
+    logger.log_metrics({"train/loss": 2.0}, step=1)
+    metrics = Path(logger.experiment.metrics_file_path)
+    written = metrics.read_text()
+    opened = logger.experiment._fs.open
+
+    class Full:
+        """A file opened for writing (so truncated, for "w") on a disk with no room: every write fails."""
+
+        def __init__(self, handle: Any) -> None:
+            self.handle = handle
+
+        def __enter__(self) -> Full:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.handle.close()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.handle, name)
+
+        def write(self, data: object) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def full(path: str, mode: str = "r", **kwargs: object) -> object:
+        handle = opened(path, mode, **kwargs)
+        return Full(handle) if "w" in mode or "a" in mode else handle
+
+    monkeypatch.setattr(logger.experiment._fs, "open", full)
+    new = {"train/loss": 1.0} if when == "appending rows" else {"train/loss": 1.0, "val/loss": 1.5}
+    with pytest.raises(TrainingStopped, match="metrics not written: no space left") as stopped:
+        logger.log_metrics(new, step=2)
+    assert stopped.value.exit_code == ExitCode.SAVE_FAILED
+    assert metrics.read_text() == written and not list(metrics.parent.glob("*.partial"))

@@ -117,10 +117,24 @@ def test_recipes_validate_refuses_a_bad_override_as_train_does(
     assert refused == fail_with(["train", "--config", recipe, *override], capsys)
 
 
+def test_recipes_validate_refuses_a_key_given_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = tmp_path / "twice.yaml"
+    recipe.write_text((RECIPES / "cpu-debug.yaml").read_text() + "\ndevices: 3\n")
+    assert "duplicate key 'devices' (first on line" in fail_with(["recipes", "validate", str(recipe)], capsys)
+
+
 def test_print_config_shows_the_resolved_recipe() -> None:
     result = run_cli("train", "--config", str(RECIPES / "cpu-debug.yaml"), "--train.max_steps", "7", "--print_config")
     assert result.returncode == 0, result.stderr
     assert "max_steps: 7" in result.stdout and "name: fsdp2" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "printing", [["--print_config"], ["--print_config=skip_null"], ["--print_config", "skip_null"]]
+)
+def test_print_config_runs_the_checks_before_printing(printing: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["train", "--config", str(RECIPES / "cpu-debug.yaml"), "--train.max_steps", "-5", *printing]
+    assert "train.max_steps=-5 must be >= 1" in fail_with(argv, capsys)  # exit 2, nothing printed but the line
 
 
 @pytest.mark.parametrize(

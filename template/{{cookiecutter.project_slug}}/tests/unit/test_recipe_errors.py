@@ -36,6 +36,16 @@ DEBUG = "recipe 'cpu-debug.yaml'"
 
 # (id, recipe text, the whole line after "error: ")
 IN_THE_FILE: list[tuple[str, str, str]] = [
+    (
+        "a key given twice",
+        "devices: 2\ntrain:\n  max_steps: 5\n  max_steps: 50\n",
+        f"{FILE}: line 4, column 3: duplicate key 'max_steps' (first on line 3; give each key once)",
+    ),
+    (
+        "a key given twice in one line",
+        "train: {max_steps: 5, max_steps: 50}\n",
+        f"{FILE}: line 1, column 23: duplicate key 'max_steps' (first on line 1; give each key once)",
+    ),
     ("misspelt key", "devicez: 2\n", f"{FILE}: unknown key 'devicez': did you mean 'devices'? (allowed: {TOP})"),
     ("unknown key with an empty mapping", "optimiser: {}\n", f"{FILE}: unknown key 'optimiser' (allowed: {TOP})"),
     (

@@ -112,3 +112,43 @@ def test_report_refuses_a_folder_without_metrics_and_a_missing_plotting_library(
 def test_segment_steps_are_the_steps_of_any_metric() -> None:
     segment = Segment("version_0", {"a": [(1, 0.0, 0.0), (3, 0.0, 0.0)], "b": [(2, 1.0, 0.0)]})
     assert segment.steps == [1, 2, 3]
+
+
+def csv_run(tmp_path: Path, content: bytes) -> Path:
+    path = tmp_path / "run" / "csv" / "version_0" / "metrics.csv"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    return tmp_path / "run"
+
+
+# (id, the metrics file's bytes, what the one line must say)
+MALFORMED_CSV = [
+    ("a step that is a word", b"step,train/loss\n1,2.0\nlast,1.0\n", "has step='last', not a step number"),
+    ("a fractional step", b"step,train/loss\n1.5,2.0\n", "has step='1.5', not a step number"),
+    ("an infinite step", b"step,train/loss\ninf,2.0\n", "has step='inf', not a step number"),
+    ("bytes that are not UTF-8", b"step,train/loss\n1,2.0\n2,\xff\xfe\n", "is not a CSV file of UTF-8 text"),
+]
+
+
+@pytest.mark.parametrize(("case_id", "content", "message"), MALFORMED_CSV, ids=[case[0] for case in MALFORMED_CSV])
+def test_a_malformed_metrics_file_is_refused_in_one_line(
+    case_id: str, content: bytes, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = csv_run(tmp_path, content)
+    assert message in fail_with(["report", str(run)], capsys)
+    assert not (run / "report").exists()
+
+
+def test_a_metric_name_that_is_not_tex_is_drawn_as_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from {{ cookiecutter.package_name }}.cli import main
+
+    run = csv_run(tmp_path, b"step,val/$x^{$ cost,val/a_b\n1,2.0,1.0\n2,1.5,1.0\n")  # mathtext: unbalanced brace
+    main(["report", str(run)])
+    assert (run / "report" / "validation.png").is_file()
+
+
+def test_report_refuses_an_out_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = csv_run(tmp_path, b"step,train/loss\n1,2.0\n")
+    (tmp_path / "taken.html").write_text("mine")
+    assert "--out" in fail_with(["report", str(run), "--out", str(tmp_path / "taken.html")], capsys)
+    assert (tmp_path / "taken.html").read_text() == "mine"

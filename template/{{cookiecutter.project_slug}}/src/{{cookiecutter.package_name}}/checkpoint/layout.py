@@ -9,12 +9,16 @@ every file) is written last, so a folder with the final name whose files match m
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +49,15 @@ def problem_with(path: Path) -> str | None:
         return f"no {META_FILE} (the save did not finish)"
     except (OSError, ValueError) as error:
         return f"unreadable {META_FILE} ({error})"
-    for name, record in meta.get("files", {}).items():
-        file, size = path / name, file_record(record)[0]
+    files = meta.get("files", {}) if isinstance(meta, dict) else None
+    if not isinstance(files, dict):
+        return f"{META_FILE} is not an object with a 'files' table (not a checkpoint's)"
+    for name, record in files.items():
+        try:
+            size = file_record(record)[0]
+        except (KeyError, TypeError, ValueError):
+            return f"{META_FILE} records {name} as {str(record)[:60]!r}, not its size and sha256"
+        file = path / name
         if not file.is_file():
             return f"missing {name}"
         if file.stat().st_size != size:
@@ -135,6 +146,31 @@ def _size(count: int) -> str:
     return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
 
 
+@contextlib.contextmanager
+def removed_unless_finished(partial: Path) -> Iterator[Path]:
+    """Run a command's writing of `partial` (a `.partial` file or folder it created); if the block fails or the
+    process is asked to stop (SIGTERM: a scheduler's or a user's `kill`, turned into an exit with status 143),
+    remove `partial`, so that an interrupted command leaves nothing behind that would block its rerun."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _exit_on_terminate)
+    try:
+        yield partial
+    except BaseException:
+        if partial.is_dir() and not partial.is_symlink():
+            shutil.rmtree(partial, ignore_errors=True)
+        else:
+            partial.unlink(missing_ok=True)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the cleanup above, with the shell's status for a TERM
+
+
 def new_partial(target: Path) -> Path:
     """`<target>.partial`, created empty for a command to write into and rename to `target` when complete. One that
     exists is not this command's (an interrupted run's, or someone else's): it is refused, never deleted."""
@@ -145,9 +181,18 @@ def new_partial(target: Path) -> Path:
     return partial
 
 
-def read_meta(path: Path) -> dict[str, Any]:
-    """The metadata of a complete checkpoint."""
-    return json.loads((path / META_FILE).read_text())
+def read_meta(path: Path, needs: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The metadata of a complete checkpoint (`problem_with` has read it), with the keys its reader `needs`: one
+    line when one is missing or the file is not an object."""
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+    except (OSError, ValueError) as error:
+        raise RecipeError(f"checkpoint {path}: unreadable {META_FILE} ({error})") from None
+    if not isinstance(meta, dict):
+        raise RecipeError(f"checkpoint {path}: {META_FILE} is not a JSON object (not a checkpoint's)")
+    if missing := [key for key in needs if not isinstance(meta.get(key), str | int) or isinstance(meta[key], bool)]:
+        raise RecipeError(f"checkpoint {path}: {META_FILE} has no {missing[0]!r} (not a complete checkpoint's)")
+    return meta
 
 
 def scan_checkpoints(root: Path) -> tuple[list[Path], dict[Path, str]]:

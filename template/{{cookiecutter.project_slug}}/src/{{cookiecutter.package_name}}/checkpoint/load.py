@@ -17,7 +17,7 @@ from lightning.fabric import Fabric
 from ..errors import ExitCode, RecipeError, TrainingStopped
 from ..recipe.registry import STRATEGIES
 from ..recipe.schema import Recipe
-from .layout import META_FILE, damaged_files, list_checkpoints, read_meta, step_of
+from .layout import META_FILE, damaged_files, list_checkpoints, read_meta, removed_unless_finished, step_of
 from .rng import set_rng_state
 from .safety import check_metadata, load_tensors
 
@@ -55,7 +55,7 @@ def verified_resume(fabric: Fabric, path: Path, recipe: Recipe) -> Path:
 
 def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any], recipe: Recipe) -> None:
     """Restore `state` in place from a checkpoint folder, including this rank's RNG states."""
-    meta = read_meta(path)
+    meta = read_meta(path, needs=("strategy",))
     # Every rank checks every small file before anything is unpickled, so that all refuse a crafted one alike.
     if STRATEGIES(meta["strategy"]).checkpoint_layout == "sharded":  # torch.distributed.checkpoint's layout
         from lightning.fabric.strategies.model_parallel import _METADATA_FILENAME
@@ -168,6 +168,7 @@ def consolidate(path: Path, output: Path, force: bool = False) -> dict[str, Any]
         raise RecipeError(f"{temporary} exists (left by an interrupted run?): delete it, then run again")
     weights = load_full_state(path)["model"]
     output.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(weights, temporary)
-    temporary.replace(output)
+    with removed_unless_finished(temporary):
+        torch.save(weights, temporary)
+        temporary.replace(output)
     return weights

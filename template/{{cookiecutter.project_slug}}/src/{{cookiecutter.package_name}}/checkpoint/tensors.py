@@ -81,7 +81,7 @@ def trained_part(model: torch.nn.Module) -> torch.nn.Module:
 def model_tensors(path: Path) -> dict[str, torch.Tensor]:
     """The model's tensors of a checkpoint folder, and nothing else of it: a sharded checkpoint is asked for the
     `model.*` entries only; a whole one is opened by memory map, so the optimizer state is never read from disk."""
-    layout = STRATEGIES(read_meta(path)["strategy"]).checkpoint_layout
+    layout = STRATEGIES(read_meta(path, needs=("strategy",))["strategy"]).checkpoint_layout
     state = path / "state"
     if layout == "sharded":
         metadata, keys = _sharded_model_entries(state)
@@ -94,7 +94,7 @@ def model_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def checkpoint_tensor_reader(path: Path) -> tuple[set[str], Callable[[str], torch.Tensor]]:
     """(the model's parameter names, a function reading one of them) of a checkpoint folder, without loading it all."""
-    layout = STRATEGIES(read_meta(path)["strategy"]).checkpoint_layout
+    layout = STRATEGIES(read_meta(path, needs=("strategy",))["strategy"]).checkpoint_layout
     state = path / "state"
     if layout == "sharded":
         metadata, keys = _sharded_model_entries(state)

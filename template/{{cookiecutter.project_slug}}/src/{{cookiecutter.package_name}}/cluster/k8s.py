@@ -15,6 +15,7 @@ memory. Values are serialised by a YAML dumper, never pasted into text; the one 
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from pathlib import PurePosixPath
@@ -76,7 +77,9 @@ def check_job(
     if backoff_limit < 0:
         raise RecipeError(f"--backoff_limit={backoff_limit} must be >= 0")
     out_dir = PurePosixPath(str(recipe.out_dir))
-    if not out_dir.is_absolute() or not out_dir.is_relative_to(MOUNT):
+    # The pod's path, resolved as the pod resolves it (`..` collapsed), not compared as text: /runs/../etc is /etc.
+    resolved = PurePosixPath(posixpath.normpath(str(out_dir)))
+    if not out_dir.is_absolute() or not resolved.is_relative_to(MOUNT):
         raise RecipeError(
             f"out_dir={shown(str(out_dir))} is not on the volume: set out_dir under {MOUNT}/ (e.g. {MOUNT}/run1)"
         )

@@ -83,15 +83,15 @@ def inspect_checkpoint(name: str) -> None:
     path = resolve_checkpoint(name)
     from ..checkpoint.load import load_full_state  # imports torch: once the path is checked
 
-    meta = read_meta(path)
+    meta = read_meta(path, needs=("strategy",))
     with working(f"Reading {path}"):
         state = load_full_state(path)
     weights = state["model"]
     print(f"checkpoint   {path}")
     task = task_class(meta["task"]) if "task" in meta else None
     units = f"{meta.get('units_seen', 0):,} {task.unit if task else 'unit'}s seen"
-    print(f"step         {meta['step']}  ({units})")
-    print(f"saved by     {meta['strategy']} on {meta['world_size']} process(es)")
+    print(f"step         {step_of(path)}  ({units})")
+    print(f"saved by     {meta['strategy']} on {meta.get('world_size', '?')} process(es)")
     print(f"size         {folder_size(path) / 2**20:.1f} MiB in {len(meta['files'])} files")
     print(f"parameters   {sum(t.numel() for t in weights.values()):,} in {len(weights)} tensors")
     print(f"data         {state['data']}")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
+from ..data.remote import is_url
 from ..data.shards import MANIFEST, written_by
 from ..errors import RecipeError
 from ..project import TASK
@@ -36,8 +37,9 @@ def run(argv: list[str], prog: str) -> None:
     if not argv:
         choose_a_command(as_subcommand(prog, "data", add_arguments), ["data"])
     args = parse_arguments(prog, "data", add_arguments, argv)
-    folder = Path(args.verify.path)
-    task = written_by(folder) or TASK
+    # A URL stays a string (a Path would fold `s3://b` into `s3:/b`); its manifest is read by the task's reader.
+    folder: Path | str = args.verify.path if is_url(args.verify.path) else Path(args.verify.path)
+    task = (written_by(folder) if isinstance(folder, Path) else None) or TASK
     if task not in task_names():
         raise RecipeError(
             f"PATH={str(folder)!r}: {MANIFEST} says task {task!r} prepared it, a task this project does not have"

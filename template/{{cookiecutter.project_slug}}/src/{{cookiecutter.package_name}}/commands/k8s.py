@@ -42,9 +42,12 @@ def run(argv: list[str], prog: str) -> None:
     args = parse_arguments(prog, "k8s", add_arguments, [*own] + ([name] if name else []))
     path = find_recipe(args.recipe)
     recipe = parse_recipe(["--config", str(path), *overrides], f"{prog} k8s")
-    # Relative to the project folder (the image's working folder): the job finds it on any copy of the project.
-    relative = os.path.relpath(path.resolve())
-    recipe_path = str(path.resolve()) if relative.startswith("..") else relative
+    if Path(args.recipe).is_file():
+        # Relative to the project folder (the image's working folder): the job finds it on any copy of the project.
+        relative = os.path.relpath(path.resolve())
+        recipe_path = str(path.resolve()) if relative.startswith("..") else relative
+    else:  # a library recipe: where every copy of the project holds it, never where this machine's checkout is
+        recipe_path = f"recipes/{path.name}"
     job = job_manifest(
         args.kind,
         recipe,

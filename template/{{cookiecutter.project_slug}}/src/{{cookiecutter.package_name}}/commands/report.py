@@ -92,12 +92,15 @@ def read_segments(run_dir: Path) -> list[Segment]:
     for path in files:
         segment = Segment(str(path.parent.relative_to(run_dir)))
         segment.provenance = _logged_provenance(path.parent / LOGGED_FILE)
-        with path.open(newline="") as handle:
-            rows = [row for row in csv.DictReader(handle) if (row.get("step") or "").strip()]
+        try:
+            with path.open(newline="", encoding="utf-8") as handle:
+                rows = [row for row in csv.DictReader(handle) if (row.get("step") or "").strip()]
+        except (UnicodeDecodeError, csv.Error) as error:
+            raise RecipeError(f"report: {path} is not a CSV file of UTF-8 text ({error})") from None
+        steps = [_step(path, row["step"]) for row in rows]
         # The time of a step: from its training row, for the other rows of that step (validation, checkpoint).
-        times = {int(float(row["step"])): _number(row.get(TIME_KEY)) for row in rows if row.get(TIME_KEY)}
-        for row in rows:
-            step = int(float(row["step"]))
+        times = {step: _number(row.get(TIME_KEY)) for step, row in zip(steps, rows, strict=True) if row.get(TIME_KEY)}
+        for step, row in zip(steps, rows, strict=True):
             for key, text in row.items():
                 value = _number(text)
                 if key in ("step", TIME_KEY) or key is None or math.isnan(value):
@@ -135,6 +138,14 @@ def _version_order(path: Path) -> tuple[str, int]:
     return str(path.parent.parent), int(name) if name.isdigit() else 0
 
 
+def _step(path: Path, text: str) -> int:
+    """A row's step: a whole number (written as 12 or 12.0), else one line naming the file and the value."""
+    value = _number(text)
+    if not math.isfinite(value) or value != int(value) or value < 0:
+        raise RecipeError(f"report: {path} has step={text.strip()[:40]!r}, not a step number (a whole number >= 0)")
+    return int(value)
+
+
 def _number(text: str | None) -> float:
     try:
         return float(text) if text not in (None, "") else math.nan
@@ -156,7 +167,11 @@ def write_report(run_dir: Path, segments: list[Segment], out: Path) -> Path:
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
+    if out.exists() and not out.is_dir():
+        raise RecipeError(f"report: --out {out} is a file, not a folder (the report is a folder: HTML and PNGs)")
     out.mkdir(parents=True, exist_ok=True)
+    # Metric names are labels as written: `$` or `_` in a name is not TeX (mathtext would refuse some of them).
+    matplotlib.rcParams["text.parse_math"] = False
     keys = sorted({key for segment in segments for key in segment.series})
     moments = [t for s in segments for points in s.series.values() for _, _, t in points if t == t]
     start_time = min(moments, default=0.0)

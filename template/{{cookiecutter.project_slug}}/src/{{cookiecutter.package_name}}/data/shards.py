@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -22,6 +23,7 @@ from ..progress import counted
 MANIFEST = "manifest.json"
 VERIFY_MODES = ("sizes", "full")  # data.verify: what a run checks at start
 PIECE = 1 << 20  # bytes hashed between progress counts
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # a digest as the manifest must write it: names a cached file
 
 
 class Listed(NamedTuple):
@@ -30,6 +32,46 @@ class Listed(NamedTuple):
     name: str
     size: int | None
     sha256: str
+
+
+def check_listed(where: str, listed: Listed) -> Listed:
+    """Refuse a manifest entry whose name is not a plain file name of the folder or whose sha256 is not 64 lowercase
+    hex digits: both become file names (the shard cache names a copy by its digest), so neither may carry a path."""
+    name, size, sha256 = listed
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", "..") or "\\" in name:
+        raise RecipeError(f"{where}: {MANIFEST} names {str(name)[:60]!r}, not a file in the folder (refused)")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+        raise RecipeError(f"{where}: {MANIFEST} gives {name} the size {str(size)[:30]!r}, not a count of bytes")
+    if not isinstance(sha256, str) or not SHA256_HEX.fullmatch(sha256):
+        raise RecipeError(
+            f"{where}: {MANIFEST} gives {name} the sha256 {str(sha256)[:70]!r}, not 64 lowercase hex digits (refused)"
+        )
+    return listed
+
+
+def entries(where: str, section: Any, key: str) -> list[dict[str, Any]]:
+    """A manifest's list of file entries under `key` (shards, masks): a non-empty list of objects, else one line."""
+    if not isinstance(section, list) or not section or not all(isinstance(entry, dict) for entry in section):
+        shown = type(section).__name__ if section else "empty"
+        raise RecipeError(f"{where}: {MANIFEST} {key} must be a non-empty list of file entries (it is {shown})")
+    return section
+
+
+def field_of(where: str, entry: Any, key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    """`entry[key]` when it is of `kind` (never a bool), not negative; else one line naming the key and what is
+    allowed."""
+    value = entry.get(key) if isinstance(entry, dict) else None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise RecipeError(f"{where}: {MANIFEST}{what and ' '}{what} has {key}={value!r:.40}, not {_kind_name(kind)}")
+    if isinstance(value, int) and value < 0:
+        raise RecipeError(f"{where}: {MANIFEST}{what and ' '}{what} has {key}={value}, must be >= 0")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {int: "an integer", str: "a string", dict: "an object", list: "a list", float: "a number"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
@@ -138,9 +180,7 @@ def check_files(folder: Path, files: list[Listed], checksums: bool, field: str) 
     """
     where = f"{field}={str(folder)!r}"
     sizes: list[int] = []
-    for name, size, _ in files:
-        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-            raise RecipeError(f"{where}: {MANIFEST} names {str(name)[:60]!r}, not a file in the folder (refused)")
+    for name, size, _ in (check_listed(where, listed) for listed in files):
         path = folder / name
         if not path.is_file():
             raise RecipeError(f"{where}: {name} is missing ({MANIFEST} lists it; prepare again)")

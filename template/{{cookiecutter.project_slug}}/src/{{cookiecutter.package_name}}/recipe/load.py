@@ -21,7 +21,7 @@ from ..project import TASK
 from .checks import check_recipe
 from .registry import STRATEGIES, TASKS
 from .schema import Recipe
-from .typecheck import check_document, check_overrides
+from .typecheck import PRINT_OPTION, check_document, check_overrides
 
 # A recipe file is small: a bound on its size and on what its aliases expand to (nothing near either is a recipe).
 MAX_RECIPE_BYTES = 1 << 20
@@ -39,6 +39,8 @@ def recipe_parser(prog: str = "train", recipe_type: type[Recipe] | None = None) 
 
 def parse_recipe(argv: list[str], prog: str = "train") -> Recipe:
     """Parse and check a recipe; raises RecipeError with a one-line message."""
+    if printing := _print_words(argv):  # jsonargparse prints and exits as it parses: the checks run before that
+        parse_recipe([word for index, word in enumerate(argv) if index not in printing], prog)
     source = _config_source(argv)
     files = _config_files(argv)
     for path in files:
@@ -138,7 +140,7 @@ def read_recipe_file(path: Path, source: str) -> dict[str, Any] | None:
     try:
         text = path.read_text()
         _check_expansion(yaml.compose(text), source)
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_RecipeLoader)  # a SafeLoader that also refuses duplicate keys
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -154,6 +156,43 @@ def read_recipe_file(path: Path, source: str) -> dict[str, Any] | None:
             f"{source}: must be a mapping of keys (devices: 2, strategy: ..., train: ...), not a {type(data).__name__}"
         )
     return data
+
+
+def _print_words(argv: list[str]) -> set[int]:
+    """The positions of `--print_config` and of its value (`--print_config skip_null`, `--print_config=...`)."""
+    positions = set()
+    for index, word in enumerate(argv):
+        if word == PRINT_OPTION or word.startswith(PRINT_OPTION + "="):
+            positions.add(index)
+            following = argv[index + 1] if index + 1 < len(argv) else ""
+            if word == PRINT_OPTION and following and not following.startswith("-"):
+                positions.add(index + 1)
+    return positions
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: YAML keeps the last silently, and a recipe
+    that says `lr` twice means one of them by mistake. Keys merged in with `<<` may be overridden, as YAML intends."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+                seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: the constructor below refuses it
+                continue
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first on line {first}; give each key once)",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
 
 
 def _check_expansion(root: yaml.Node | None, source: str) -> None:

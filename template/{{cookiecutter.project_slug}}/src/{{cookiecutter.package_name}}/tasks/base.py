@@ -230,9 +230,9 @@ class Task:
         return None
 
     @classmethod
-    def verify_prepared(cls, folder: Path) -> str:
-        """Check every byte of a folder this task's `prepare` wrote against its manifest (`data verify`, with
-        progress); one line on what it holds. Raise RecipeError naming the first file that does not match."""
+    def verify_prepared(cls, folder: Path | str) -> str:
+        """Check every byte of a folder (a URL: a string) this task's `prepare` wrote against its manifest (`data
+        verify`, with progress); one line on what it holds. Raise RecipeError naming the first file that differs."""
         raise RecipeError(f"task {cls.name} has no prepared folders to verify")
 
     def reference_model(self, parameters: float) -> dict[str, Any] | None:

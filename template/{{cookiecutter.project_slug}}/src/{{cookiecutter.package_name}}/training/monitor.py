@@ -46,6 +46,7 @@ from ..recipe.checks import wandb_has_credentials
 from ..recipe.load import dump_recipe
 from ..recipe.schema import Recipe
 from .memory import memory_gib
+from .metrics_csv import MetricsCsv
 from .stragglers import RankTimes
 
 Item = TypeVar("Item")
@@ -106,8 +107,8 @@ def build_loggers(recipe: Recipe, run_id: str) -> list[Logger]:
 
 def csv_logger(recipe: Recipe) -> CSVLogger:
     """The CSV metrics every run keeps beside its experiment logger: what `report` reads, offline."""
-    # Flush at every logging call so the metrics of a killed job survive it.
-    return CSVLogger(
+    # Flush at every logging call so the metrics of a killed job survive it; a full disk ends the run as a save's.
+    return MetricsCsv(
         root_dir=Path(recipe.out_dir) / "csv", name=recipe.logger.run_name or "", flush_logs_every_n_steps=1
     )
 

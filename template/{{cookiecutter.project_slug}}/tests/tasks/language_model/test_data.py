@@ -126,7 +126,8 @@ def test_a_manifest_naming_a_file_outside_its_folder_is_refused(tmp_path: Path, 
 
     (tmp_path / "tokenizer.json").write_text("{}")
     (tmp_path / "outside.bin").write_bytes(b"\0" * 8)
-    manifest = {"dtype": "uint16", "tokenizer": {"sha256": ""}, "shards": [{"file": name, "tokens": 4, "sha256": ""}]}
+    shards = [{"file": name, "tokens": 4, "sha256": "1" * 64}]
+    manifest = {"dtype": "uint16", "tokenizer": {"sha256": "0" * 64}, "shards": shards}
     with pytest.raises(RecipeError, match="not a file in the folder"):
         verify(tmp_path, manifest, checksums=False)
 

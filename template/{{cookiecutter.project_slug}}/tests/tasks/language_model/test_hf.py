@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -224,10 +225,43 @@ def wrong_tensor_shape(folder: Path) -> Path:
     return folder
 
 
+def index_outside_the_folder(folder: Path) -> Path:
+    """A Llama folder whose index names a weight file elsewhere (by an absolute path; a real file there)."""
+    save_hf_llama(folder)
+    elsewhere = folder.parent / "elsewhere.safetensors"
+    (folder / "model.safetensors").rename(elsewhere)
+    index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": str(elsewhere)}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return folder
+
+
+def index_through_a_link(folder: Path) -> Path:
+    """As above, through a link inside the folder that points out of it."""
+    index_outside_the_folder(folder)
+    (folder / "weights.safetensors").symlink_to(folder.parent / "elsewhere.safetensors")
+    index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "weights.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return folder
+
+
+def header_claiming_two_to_the_63(folder: Path) -> Path:
+    """A Llama folder whose model.safetensors' header length says 2**63 bytes (read, it would be allocated)."""
+    save_hf_llama(folder)
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 63) + b"{}")
+    return folder
+
+
 @pytest.mark.parametrize(
     ("make", "recipe_changes", "message"),
     [
         (lambda folder: folder / "missing", [], "no such folder"),
+        (index_outside_the_folder, [], "weight_map names '/"),
+        (index_through_a_link, [], "weight_map names 'weights.safetensors', outside the folder (refused)"),
+        (
+            header_claiming_two_to_the_63,
+            [],
+            "its header claims 9,223,372,036,854,775,808 bytes, more than the file's 10",
+        ),
         (write_gpt2_folder, [], "holds a GPT2LMHeadModel model; init_from reads LlamaForCausalLM folders"),
         (save_hf_llama, ["--model.n_layer", "3"], "num_hidden_layers=2 but model.n_layer=3"),
         (save_hf_llama, ["--model.n_kv_head", "4"], "num_key_value_heads=2 but model.n_kv_head=4"),

@@ -164,6 +164,25 @@ def test_interrupted_prepare_is_refused_by_train(tmp_path: Path, corpus: tuple[P
         assert not (tmp_path / "run").exists()
 
 
+def test_a_prepare_asked_to_stop_removes_its_partial_folder_and_runs_again(
+    tmp_path: Path, corpus: tuple[Path, list[str]]
+) -> None:
+    out = tmp_path / "data"
+    partial = tmp_path / "data.partial"
+    args = prepare_args(corpus[0], out, "--train_tokenizer", "400")
+    process = subprocess.Popen(
+        [sys.executable, "-m", PACKAGE, *args], env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 60
+    while not partial.is_dir() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    process.send_signal(signal.SIGTERM)  # a scheduler's or a user's kill, mid-write
+    assert process.wait() == 128 + signal.SIGTERM, process.stderr.read() if process.stderr else ""
+    assert not partial.exists() and not out.exists()
+    result = run_cli(*args)  # nothing left behind blocks the rerun
+    assert result.returncode == 0 and (out / "manifest.json").is_file(), result.stderr[-2000:]
+
+
 def prepared_data(data: Path, *extra: str) -> list[str]:
     """Overrides that train on a prepared folder (its tokenizer has 400 tokens)."""
     return ["--data.source", "prepared", "--data.path", str(data), "--model.vocab_size", "400", *extra]

@@ -63,7 +63,11 @@ def test_checkpoint_of_token_file_data_has_no_tokenizer(tmp_path: Path) -> None:
     ("extra", "expected"),
     [
         (["--top_k", "0"], "--top_k 0 must be >= 1"),
-        (["--max_new_tokens", "0"], "--max_new_tokens 0 must be >= 1"),
+        (["--max_new_tokens", "0"], "--max_new_tokens 0 must be in [1, 100,000]"),
+        (
+            ["--max_new_tokens", "100000000000000000000"],
+            "--max_new_tokens 100000000000000000000 must be in [1, 100,000]",
+        ),
         (["--temperature", "-1"], "--temperature -1 must be >= 0"),
     ],
 )

@@ -247,3 +247,39 @@ def test_data_format_sft_refuses_a_token_stream_folder_and_a_text_source(
     overrides = ["--data.source", "prepared", "--data.path", str(stream), "--model.vocab_size", "320"]
     err = fail_with(["train", "--config", recipe, *overrides, "--out_dir", str(tmp_path / "run")], capsys)
     assert "holds a token stream, not chat examples" in err and "prepare --format sft" in err
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        jinja("<< 'a' * 300000000 >>"),
+        jinja("<< 'a'|center(300000000) >>"),
+        jinja("<< '{:300000000}'.format('a') >>"),
+        jinja(
+            "<% set ns = namespace(s='ab') %><% for i in range(40) %><% set ns.s = ns.s + ns.s %><% endfor %><< ns.s >>"
+        ),
+        jinja("<% for i in range(100000) %><% for m in messages %><< m.content * 1000 >><% endfor %><% endfor %>"),
+    ],
+    ids=["a repeated string", "a padding filter", "a format width", "doubling in a loop", "output without end"],
+)
+def test_a_chat_template_that_builds_outsized_text_is_refused_in_one_line_in_bounded_memory(
+    template: str, tmp_path: Path, records: Path, tokenizer_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+    import tracemalloc
+
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(tokenizer_folder, folder)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": "<|endoftext|>"}))
+    out = tmp_path / "sft"
+    tracemalloc.start()
+    try:
+        err = fail_with(
+            ["prepare", str(records), "--tokenizer", str(folder), "--format", "sft", "--out", str(out)], capsys
+        )
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "the tokenizer's chat template renders more than 4,194,304 characters for one example" in err
+    assert peak < 200e6  # the bound is 4 Mi characters: no step builds the 300 MB the template asks for
+    assert not out.exists() and not list(tmp_path.glob("sft*"))

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import fsspec
 import numpy as np
@@ -28,7 +31,7 @@ SHARDS = [np.arange(i * 50, i * 50 + 50, dtype=np.uint16) for i in range(6)]  # 
 def bucket(request: pytest.FixtureRequest) -> Iterator[tuple[str, list[Listed]]]:
     """Six shards in an in-memory folder; its URL and the files as a manifest lists them."""
     memory = fsspec.filesystem("memory")
-    root = f"/{request.node.name}"
+    root = "/" + re.sub(r"\W", "_", request.node.name)  # a parameter's brackets would read as a glob
     files = []
     for index, shard in enumerate(SHARDS):
         name = f"shard-{index:05d}.bin"
@@ -92,3 +95,128 @@ def test_a_cache_too_small_for_two_groups_of_blocks_is_refused_naming_both_field
     error = fail_with(train_args(tmp_path / "run", *overrides, "--data.cache_gb", "1e-6"), capsys)
     assert "data.cache_gb=1e-06 is too small for data.shuffle_blocks=8" in error and "3.2e-06 GB" in error
     assert not (tmp_path / "run").exists()
+
+
+def remote_manifest(url: str, files: list[Listed], **changes: object) -> dict[str, object]:
+    """A manifest of the bucket's shards, written beside them, with `changes` on top (a key set to None: dropped)."""
+    manifest: dict[str, object] = {
+        "format": 1,
+        "dtype": "uint16",
+        "tokenizer": {"file": "tokenizer.json", "sha256": "0" * 64, "vocab_size": 400},
+        "shards": [{"file": f.name, "tokens": 50, "sha256": f.sha256} for f in files],
+        "validation": {"first_token": 250, "tokens": 50},
+    }
+    manifest.update(changes)
+    manifest = {key: value for key, value in manifest.items() if value is not None}
+    fsspec.filesystem("memory").pipe(url.removeprefix("memory://") + "/manifest.json", json.dumps(manifest).encode())
+    return manifest
+
+
+@pytest.mark.parametrize(
+    "digest",
+    ["../escaped_dir/x" + "0" * 48, "/tmp/escaped_dir" + "0" * 48, "A" * 64, "0" * 63],
+    ids=["a path up and out", "an absolute path", "upper case", "one digit short"],
+)
+def test_a_manifest_digest_that_is_not_64_lowercase_hex_is_refused_and_nothing_outside_the_cache_is_touched(
+    digest: str, tmp_path: Path, bucket: tuple[str, list[Listed]], capsys: pytest.CaptureFixture
+) -> None:
+    url, files = bucket
+    shards = [{"file": f.name, "tokens": 50, "sha256": f.sha256} for f in files]
+    shards[0]["sha256"] = digest
+    remote_manifest(url, files, shards=shards)
+    outside = tmp_path / "escaped_dir"
+    outside.mkdir()
+    (outside / "x-shard-00000.bin").write_bytes(SHARDS[0].tobytes())  # matching bytes: once read unverified
+    (outside / "x-notes.txt").write_text("the user's")
+    overrides = ["--data.source", "prepared", "--data.path", url, "--data.cache_dir", str(tmp_path / "cache")]
+    error = fail_with(train_args(tmp_path / "run", *overrides), capsys)
+    assert f"shard-00000.bin the sha256 {digest[:70]!r}, not 64 lowercase hex digits" in error
+    assert sorted(p.name for p in outside.iterdir()) == ["x-notes.txt", "x-shard-00000.bin"]
+    assert (outside / "x-notes.txt").read_text() == "the user's"
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_cache_dir_that_is_a_folder_of_the_users_is_refused_and_left_as_it_was(
+    tmp_path: Path, bucket: tuple[str, list[Listed]], capsys: pytest.CaptureFixture
+) -> None:
+    url, files = bucket
+    remote_manifest(url, files)
+    mine = tmp_path / "documents"
+    mine.mkdir()
+    (mine / "2024-taxes.pdf").write_bytes(b"%PDF")
+    (mine / "meeting-notes.txt").write_text("notes")
+    overrides = ["--data.source", "prepared", "--data.path", url, "--data.cache_dir", str(mine)]
+    error = fail_with(train_args(tmp_path / "run", *overrides), capsys)
+    assert f"the shard cache {str(mine)!r} is a folder that is not empty and not a shard cache" in error
+    assert sorted(p.name for p in mine.iterdir()) == ["2024-taxes.pdf", "meeting-notes.txt"]
+
+
+def test_eviction_deletes_only_the_copies_the_cache_made(tmp_path: Path, bucket: tuple[str, list[Listed]]) -> None:
+    url, files = bucket
+    cache = ShardCache(url, tmp_path / "cache", bound_bytes=100)
+    assert (cache.folder / remote.MARKER).is_file()
+    stray = cache.folder / "my-notes.txt"  # a file put there by hand: not a copy, oldest of all
+    stray.write_bytes(b"x" * 500)
+    os.utime(stray, (0, 0))
+    for listed in files[:3]:
+        cache.path(listed)
+    assert stray.read_bytes() == b"x" * 500
+    assert len(list(cache.folder.glob("*-shard-*.bin"))) == 1  # the bound holds for the cache's own copies
+
+
+def test_a_manifest_larger_than_a_manifest_can_be_is_refused_without_retries(
+    tmp_path: Path, bucket: tuple[str, list[Listed]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, files = bucket
+    remote_manifest(url, files, padding="x" * 5000)
+    monkeypatch.setattr(remote, "SMALL_FILE_BYTES", 4096)
+    cache = ShardCache(url, tmp_path / "cache", bound_bytes=1000)
+    with pytest.raises(RecipeError, match=r"manifest.json is larger than 0 MiB: not a manifest"):
+        cache.fetch_small("manifest.json")
+    assert not (cache.folder / "manifest.json").exists()
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [PermissionError("403 Forbidden"), FileNotFoundError("NoSuchKey")],
+    ids=["access denied", "no such key"],
+)
+def test_a_permanent_refusal_of_the_store_is_not_retried(
+    refusal: Exception, tmp_path: Path, bucket: tuple[str, list[Listed]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, files = bucket
+    cache = ShardCache(url, tmp_path / "cache", bound_bytes=1000)
+    calls = []
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        calls.append(args)
+        raise refusal
+
+    monkeypatch.setattr(cache.fs, "open", refuse)
+    monkeypatch.setattr(remote, "FIRST_PAUSE_S", 5.0)  # a retry would show as seconds
+    with pytest.raises(RecipeError, match=r"shard-00001\.bin"):
+        cache.path(files[1])
+    assert len(calls) == 1
+
+
+def test_a_clients_error_with_a_permanent_code_is_permanent() -> None:
+    class ClientError(Exception):
+        response: ClassVar[dict] = {"Error": {"Code": "AccessDenied"}}
+
+    assert remote.permanent(ClientError()) and not remote.permanent(ConnectionError("reset"))
+
+
+def test_data_verify_reads_a_url_as_a_url_and_every_byte_it_lists(
+    bucket: tuple[str, list[Listed]], capsys: pytest.CaptureFixture
+) -> None:
+    from {{ cookiecutter.package_name }}.cli import main
+
+    url, files = bucket
+    memory, root = fsspec.filesystem("memory"), url.removeprefix("memory://")
+    memory.pipe(f"{root}/tokenizer.json", b"{}")
+    tokenizer = {"file": "tokenizer.json", "sha256": hashlib.sha256(b"{}").hexdigest(), "vocab_size": 400}
+    remote_manifest(url, files, tokenizer=tokenizer)
+    main(["data", "verify", url])
+    assert capsys.readouterr().out.startswith(f"{url}: every file matches its manifest: 300 tokens in 6 shard(s)")
+    memory.pipe(f"{root}/shard-00003.bin", SHARDS[0].tobytes())  # same size, other bytes
+    assert "shard-00003.bin does not match its sha256" in fail_with(["data", "verify", url], capsys)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ...checkpoint.layout import checkpoint_recipe, new_partial
+from ...checkpoint.layout import checkpoint_recipe, new_partial, removed_unless_finished
 from ...checkpoint.tensors import checkpoint_tensor_reader, write_safetensors
 from ...errors import RecipeError
 from ...progress import counted
@@ -54,12 +54,12 @@ def export_hf(path: Path, out_dir: Path, max_shard_bytes: int, labels: list[str]
     if max_shard_bytes < 1:
         raise RecipeError(f"--max_shard_bytes={max_shard_bytes} must be >= 1")
     names, read = checkpoint_tensor_reader(path)
-    partial = new_partial(out_dir)
-    weights = counted(hf_weights(config, names, read), f"Exporting {path}", len(hf_tensors(config)), "tensors")
-    written = write_safetensors(weights, partial, max_shard_bytes)
-    (partial / CONFIG).write_text(json.dumps(hf_config(config, written["dtype"], labels), indent=2) + "\n")
-    (partial / PREPROCESSOR_CONFIG).write_text(json.dumps(preprocessor_config(config), indent=2) + "\n")
-    if out_dir.exists():
-        out_dir.rmdir()  # empty, checked above
-    partial.rename(out_dir)
+    with removed_unless_finished(new_partial(out_dir)) as partial:
+        weights = counted(hf_weights(config, names, read), f"Exporting {path}", len(hf_tensors(config)), "tensors")
+        written = write_safetensors(weights, partial, max_shard_bytes)
+        (partial / CONFIG).write_text(json.dumps(hf_config(config, written["dtype"], labels), indent=2) + "\n")
+        (partial / PREPROCESSOR_CONFIG).write_text(json.dumps(preprocessor_config(config), indent=2) + "\n")
+        if out_dir.exists():
+            out_dir.rmdir()  # empty, checked above
+        partial.rename(out_dir)
     return {**written, "architecture": ARCHITECTURE}

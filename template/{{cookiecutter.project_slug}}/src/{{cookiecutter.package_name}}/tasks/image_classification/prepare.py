@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import shutil
 import sys
 from collections import deque
 from collections.abc import Iterator
@@ -35,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ...checkpoint.layout import new_partial
+from ...checkpoint.layout import new_partial, removed_unless_finished
 from ...cluster.lifecycle import end_with_parent
 from ...data.shards import Listed, ShardWriter, check_files, load_manifest, write_manifest
 from ...errors import RecipeError
@@ -196,8 +195,7 @@ def prepare_images(
     if not held_out.any():
         raise RecipeError(f"input {input_folder!r}: no class has 2 images, so none can be held out for validation")
 
-    partial = new_partial(target)
-    try:
+    with removed_unless_finished(new_partial(target)) as partial:
         writers = {split: shard_writer(partial, split, shard_images) for split in SPLITS}
         total = len(images)
         shown = Meter("prepare", total, "img", lambda done: f"{done:,} of {total:,} images written", progress)
@@ -233,9 +231,6 @@ def prepare_images(
         }
         write_manifest(partial, manifest)
         partial.rename(target)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
     return manifest
 
 

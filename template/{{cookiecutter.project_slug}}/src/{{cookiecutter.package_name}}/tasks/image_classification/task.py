@@ -44,9 +44,11 @@ class ImageClassification(Task):
     recipe: ImageClassificationRecipe
 
     @classmethod
-    def verify_prepared(cls, folder: Path) -> str:
+    def verify_prepared(cls, folder: Path | str) -> str:
         from .prepare import describe_folder, read_manifest, verify
 
+        if isinstance(folder, str):
+            raise RecipeError(f"PATH={folder!r}: an image folder is verified where it is stored (a local path)")
         verify(folder, read_manifest(folder, "PATH"), checksums=True, field="PATH")
         return describe_folder(folder)
 

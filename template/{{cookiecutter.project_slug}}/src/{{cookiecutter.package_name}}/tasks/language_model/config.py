@@ -198,12 +198,15 @@ class LanguageModelEvalConfig(EvalConfig):
             Face cache, or of YAML tasks under tasks_include_path. Empty: none.
         tasks_every_steps: Run the tasks every this many steps and at the end; 0: at validation's steps.
         tasks_include_path: A folder of lm-eval task YAML files (with local data files).
+        tasks_allow_code: Let the tasks_include_path folder's YAML run its own Python (`!function`):
+            only for a folder you trust. False: such a folder is refused.
         tasks_limit: Examples per task (a fraction of them below 1); null: all.
     """
 
     tasks: list[str] = field(default_factory=list)
     tasks_every_steps: int = field(default=0, metadata=bounds(at_least=0, note="0: at validation's steps"))
     tasks_include_path: str | None = None
+    tasks_allow_code: bool = False
     tasks_limit: float | None = field(default=None, metadata=bounds(above=0, note="or null: every example"))
 
 

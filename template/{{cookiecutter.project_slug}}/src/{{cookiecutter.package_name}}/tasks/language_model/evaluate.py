@@ -258,11 +258,15 @@ def evaluate_checkpoint(
     device: str = "cpu",
     log_samples: bool = False,
     out: Path | None = None,
+    allow_code: bool = False,
 ) -> tuple[dict[str, Any], Path]:
     """Evaluate a checkpoint's model (sharded or whole, read directly; one process) on lm-eval tasks and write the
     results as JSON beside it; (the results, the file written)."""
     from ...checkpoint.tensors import load_model
+    from .task_folder import check_task_folder
 
+    if include_path is not None:
+        check_task_folder(include_path, allow_code, "--include_path", "--allow_code_in_tasks")
     if batch_size < 1:
         raise RecipeError(f"--batch_size {batch_size} must be >= 1")
     if limit is not None and limit <= 0:

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import torch
 
-from ...checkpoint.layout import checkpoint_recipe, new_partial
+from ...checkpoint.layout import checkpoint_recipe, new_partial, removed_unless_finished
 from ...checkpoint.tensors import DEFAULT_SHARD_BYTES, checkpoint_tensor_reader, write_safetensors
 from ...errors import RecipeError
 from ...progress import counted
@@ -117,16 +117,18 @@ def export_hf(path: Path, out_dir: Path, max_shard_bytes: int = DEFAULT_SHARD_BY
         from .lora import merged_reader
 
         names, read = merged_reader(recipe, names, read)
-    partial = new_partial(out_dir)
-    weights = counted(hf_weights(recipe, names, read), f"Exporting {path}", len(hf_tensors(recipe.model)), "tensors")
-    written = write_safetensors(weights, partial, max_shard_bytes)
-    has_tokenizer, eos_id = write_tokenizer(recipe, partial)
-    config = hf_config(recipe.model, written["dtype"], eos_id)
-    (partial / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    (partial / GENERATION_CONFIG).write_text(json.dumps(generation_config(recipe, eos_id), indent=2) + "\n")
-    if out_dir.exists():
-        out_dir.rmdir()  # empty, checked above
-    partial.rename(out_dir)
+    with removed_unless_finished(new_partial(out_dir)) as partial:
+        weights = counted(
+            hf_weights(recipe, names, read), f"Exporting {path}", len(hf_tensors(recipe.model)), "tensors"
+        )
+        written = write_safetensors(weights, partial, max_shard_bytes)
+        has_tokenizer, eos_id = write_tokenizer(recipe, partial)
+        config = hf_config(recipe.model, written["dtype"], eos_id)
+        (partial / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        (partial / GENERATION_CONFIG).write_text(json.dumps(generation_config(recipe, eos_id), indent=2) + "\n")
+        if out_dir.exists():
+            out_dir.rmdir()  # empty, checked above
+        partial.rename(out_dir)
     return {
         **written,
         "architecture": config["architectures"][0],
@@ -145,11 +147,11 @@ def export_adapters(path: Path, out_dir: Path) -> dict[str, Any]:
         raise RecipeError(f"checkpoint {path} has no adapters (lora.rank=0): export it with --format hf")
     check_new_folder(out_dir)
     names, read = checkpoint_tensor_reader(path)
-    partial = new_partial(out_dir)
-    written = write_adapter_folder(recipe, names, read, partial)
-    if out_dir.exists():
-        out_dir.rmdir()  # empty, checked above
-    partial.rename(out_dir)
+    with removed_unless_finished(new_partial(out_dir)) as partial:
+        written = write_adapter_folder(recipe, names, read, partial)
+        if out_dir.exists():
+            out_dir.rmdir()  # empty, checked above
+        partial.rename(out_dir)
     return {**written, "base": recipe.model.init_from}
 
 

@@ -74,20 +74,41 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
 
 
 def safetensors_files(folder: Path) -> list[Path]:
-    """The weight files of a Hugging Face folder (one model.safetensors, or the shards its index names)."""
+    """The weight files of a Hugging Face folder (one model.safetensors, or the shards its index names, each a file
+    of the folder: a name that leads elsewhere, by `..`, an absolute path or a link, is refused)."""
     if (folder / INDEX).is_file():
-        weight_map = json.loads((folder / INDEX).read_text())["weight_map"]
-        return [folder / name for name in sorted(set(weight_map.values()))]
+        weight_map = json.loads((folder / INDEX).read_text()).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(name, str) for name in weight_map.values()):
+            raise RecipeError(f"{folder / INDEX}: weight_map must map tensor names to file names")
+        inside = folder.resolve()
+        # A Hugging Face cache's snapshot (models--X/snapshots/REV) holds links into its own models--X/blobs.
+        roots = [inside, *([inside.parents[1] / "blobs"] if inside.parent.name == "snapshots" else [])]
+        files = []
+        for name in sorted(set(weight_map.values())):
+            path = (folder / name).resolve()
+            lexical = Path(name).is_absolute() or ".." in Path(name).parts
+            if lexical or path == inside or not any(path.is_relative_to(root) for root in roots):
+                raise RecipeError(f"{folder / INDEX}: weight_map names {name[:100]!r}, outside the folder (refused)")
+            files.append(folder / name)
+        return files
     if (folder / SINGLE_FILE).is_file():
         return [folder / SINGLE_FILE]
     raise RecipeError(f"{folder}: no {SINGLE_FILE} or {INDEX} (weights in safetensors format)")
 
 
 def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape from a safetensors file's header (8-byte length, then JSON), without torch."""
+    """Tensor name -> shape from a safetensors file's header (8-byte length, then JSON), without torch; a header
+    length beyond the file's size is refused before anything that size is read."""
     with path.open("rb") as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
+        if length > path.stat().st_size - 8:
+            raise RecipeError(
+                f"{path}: its header claims {length:,} bytes, more than the file's {path.stat().st_size:,}"
+                " (not a safetensors file, or cut short)"
+            )
         header = json.loads(handle.read(length))
+    if not isinstance(header, dict):
+        raise RecipeError(f"{path}: its header is not a JSON object (not a safetensors file)")
     return {name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
 
 

@@ -20,6 +20,8 @@ from ...errors import RecipeError
 from ...recipe.schema import Recipe
 from .families.kv_cache import KVCache, new_caches
 
+MAX_NEW_TOKENS = 100_000  # each token is a forward pass on CPU or GPU: beyond this, a typo (1e20), not a request
+
 
 def text_codec(recipe: Recipe) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str], int | None]:
     """(encode, decode, end-of-document id) for the data a checkpoint was trained on."""
@@ -87,8 +89,8 @@ def generate(
 
 def sample(checkpoint: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None, seed: int) -> str:
     """The prompt and its continuation by the model of a checkpoint, as text."""
-    if max_new_tokens < 1:
-        raise RecipeError(f"--max_new_tokens {max_new_tokens} must be >= 1")
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise RecipeError(f"--max_new_tokens {max_new_tokens} must be in [1, {MAX_NEW_TOKENS:,}]")
     if temperature < 0:
         raise RecipeError(f"--temperature {temperature:g} must be >= 0 (0: always the most likely token)")
     if top_k is not None and top_k < 1:

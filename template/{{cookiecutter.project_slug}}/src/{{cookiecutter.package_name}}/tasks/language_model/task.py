@@ -24,6 +24,7 @@ from .config import (
     MoeConfig,
 )
 from .lora import check_lora
+from .task_folder import check_task_folder
 
 if TYPE_CHECKING:
     import torch
@@ -61,9 +62,11 @@ class LanguageModel(Task):
         return [f"--{field_path(ModelConfig, 'init_from')}", "null", *overrides]
 
     @classmethod
-    def verify_prepared(cls, folder: Path) -> str:
-        from .data.prepared import describe_folder, read_manifest, verify
+    def verify_prepared(cls, folder: Path | str) -> str:
+        from .data.prepared import describe_folder, read_manifest, verify, verify_url
 
+        if isinstance(folder, str):  # a URL
+            return verify_url(folder, field="PATH")
         verify(folder, read_manifest(folder, "PATH"), checksums=True, field="PATH")
         return describe_folder(folder)
 
@@ -287,9 +290,13 @@ def check_eval_tasks(config: LanguageModelEvalConfig) -> None:
         return
     if not (config.tasks_every_steps or config.every_steps):
         raise RecipeError("eval.tasks are set but never run: set eval.tasks_every_steps (or eval.every_steps) > 0")
-    if config.tasks_include_path is not None and not Path(config.tasks_include_path).is_dir():
-        raise RecipeError(
-            f"eval.tasks_include_path={config.tasks_include_path} is not a folder (of lm-eval task YAML files)"
+    if config.tasks_include_path is not None:
+        allow = field_path(config, "tasks_allow_code")
+        check_task_folder(
+            config.tasks_include_path,
+            config.tasks_allow_code,
+            field_path(config, "tasks_include_path"),
+            f"{allow}: true",
         )
     if importlib.util.find_spec("lm_eval") is None:
         raise RecipeError("eval.tasks needs lm-evaluation-harness: pip install .[eval]")

@@ -28,6 +28,7 @@ give the same bytes on any day (Llama 3.1's template then writes its default dat
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,13 +81,13 @@ def _render_jinja(
 ) -> tuple[str, list[tuple[int, int]]]:
     template = _compiled(source)
     try:
-        text = template.render(messages=messages, add_generation_prompt=False, **special_tokens)
+        text = _bounded_render(template, messages, False, special_tokens)
         replies = []
         for index, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            prompt = template.render(messages=messages[:index], add_generation_prompt=True, **special_tokens)
-            upto = template.render(messages=messages[: index + 1], add_generation_prompt=False, **special_tokens)
+            prompt = _bounded_render(template, messages[:index], True, special_tokens)
+            upto = _bounded_render(template, messages[: index + 1], False, special_tokens)
             if not (text.startswith(upto) and upto.startswith(prompt)):
                 raise RecipeError(
                     "the tokenizer's chat template does not render a conversation as an extension of its first"
@@ -101,21 +102,109 @@ def _render_jinja(
     return text, replies
 
 
+# The most characters a template may render for one example, and so the largest string, list or integer (in
+# digits) that any step of it may build: far beyond a training example, far below what a machine cannot hold.
+MAX_RENDERED_CHARS = 1 << 22
+
+
+def _too_large() -> RecipeError:
+    return RecipeError(
+        f"the tokenizer's chat template renders more than {MAX_RENDERED_CHARS:,} characters for one example"
+        " (refused: a template that builds outsized text; use --chat_template plain or fix the template)"
+    )
+
+
+def _bounded_render(template: Any, messages: list[dict[str, str]], prompt: bool, special: dict[str, str]) -> str:
+    """The template's text, rendered piece by piece and refused once it passes MAX_RENDERED_CHARS."""
+    pieces, length = [], 0
+    for piece in template.generate(messages=messages, add_generation_prompt=prompt, **special):
+        length += len(piece)
+        if length > MAX_RENDERED_CHARS:
+            raise _too_large()
+        pieces.append(piece)
+    return "".join(pieces)
+
+
+def _size(value: Any) -> int:
+    """How large a value is for the bound: a sequence's length, an integer's digits (about), else 0."""
+    if isinstance(value, (str, bytes, list, tuple, dict)):
+        return len(value)
+    if isinstance(value, int):
+        return value.bit_length() // 3
+    return 0
+
+
+def _check_widths(pattern: Any) -> None:
+    """Refuse a format string (`%9999999s`, `{:9999999}`) whose field widths pass the bound: formatting would
+    build that much before any check of its result."""
+    if isinstance(pattern, str) and any(int(digits) > MAX_RENDERED_CHARS for digits in re.findall(r"\d{7,}", pattern)):
+        raise _too_large()
+
+
+def _checked(result: Any) -> Any:
+    if _size(result) > MAX_RENDERED_CHARS:
+        raise _too_large()
+    return result
+
+
+def _guarded(function: Any, name: str) -> Any:
+    """A filter whose integer arguments (widths, counts), format string and result are held to the bound."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if name == "format" and args:
+            _check_widths(args[0])
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, int) and abs(value) > MAX_RENDERED_CHARS:
+                raise _too_large()
+        return _checked(function(*args, **kwargs))
+
+    return call
+
+
 _templates: dict[str, Any] = {}
 
 
 def _compiled(source: str) -> Any:
-    """A Jinja template in a sandbox (no attribute access to Python internals), with the helpers chat templates use."""
+    """A Jinja template in a sandbox (no attribute access to Python internals), with the helpers chat templates use,
+    every operator, call and filter held to MAX_RENDERED_CHARS before it builds its result: `'a' * 10**9` is refused
+    without allocating it."""
     if source not in _templates:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        class BoundedEnvironment(ImmutableSandboxedEnvironment):
+            intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+            def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+                if operator == "*" and isinstance(left, int) and isinstance(right, int):
+                    estimate = _size(left) + _size(right)
+                elif operator == "*":
+                    count = right if isinstance(right, int) else left if isinstance(left, int) else 1
+                    estimate = max(_size(left), _size(right)) * max(count, 0)
+                elif operator == "%":
+                    _check_widths(left)
+                    estimate = 0
+                elif operator == "**":
+                    estimate = _size(left) * abs(right) if isinstance(right, int) else 0
+                else:
+                    estimate = _size(left) + _size(right)
+                if estimate > MAX_RENDERED_CHARS:
+                    raise _too_large()
+                return super().call_binop(context, operator, left, right)
+
+            def call(self, context: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
+                for value in (*args, *kwargs.values()):
+                    if isinstance(value, int) and abs(value) > MAX_RENDERED_CHARS:
+                        raise _too_large()  # a width or count: str.center(10**9), str.ljust, ...
+                if getattr(obj, "__name__", "") in ("format", "format_map"):
+                    _check_widths(getattr(getattr(obj, "__wrapped__", obj), "__self__", None))  # the sandbox's wrap
+                return _checked(super().call(context, obj, *args, **kwargs))
 
         def raise_exception(message: str) -> None:
             raise RecipeError(f"the tokenizer's chat template refused a record: {message}")
 
-        environment = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
+        environment = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         environment.filters["tojson"] = _tojson
+        environment.filters.update({name: _guarded(f, name) for name, f in environment.filters.items()})
         environment.globals["raise_exception"] = raise_exception
         _templates[source] = environment.from_string(source)
     return _templates[source]

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from ....checkpoint.layout import new_partial
+from ....checkpoint.layout import new_partial, removed_unless_finished
 from ....cluster.lifecycle import end_with_parent
 from ....data.shards import write_manifest
 from ....errors import RecipeError
@@ -194,8 +194,7 @@ def prepare(
         template = find_chat_template(tokenizer_folder, chat_template, eos_token)
 
     with destination.local_folder() as target:
-        partial = new_partial(target)
-        try:
+        with removed_unless_finished(new_partial(target)) as partial:
             if tokenizer is None:
                 texts = iter_documents(sources, text_field) if template is None else rendered_texts(sources, template)
                 tokenizer = train_byte_level_bpe(texts, train_tokenizer or 0, progress and sys.stderr.isatty())
@@ -214,9 +213,6 @@ def prepare(
             manifest["tokenizer"]["trained_on_inputs"] = train_tokenizer is not None
             write_manifest(partial, manifest)
             partial.rename(target)
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
         destination.upload(target)
     return manifest
 

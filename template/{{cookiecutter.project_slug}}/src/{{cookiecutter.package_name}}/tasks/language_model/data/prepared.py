@@ -20,13 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from ....data.shards import MANIFEST, Listed, ShardWriter, check_files, load_manifest
+from ....data.shards import MANIFEST, Listed, ShardWriter, check_files, check_listed, entries, field_of, load_manifest
 from ....errors import RecipeError
 from ..config import DATA_PATH
 
 TOKENIZER = "tokenizer.json"
 FORMAT = 1
 TASK = "language_model"  # the manifest's "task": `data verify` reads the folder with this task's code
+TOKEN_DTYPES = ("uint16", "uint32")  # what prepare writes: the shards are read as this type
 
 
 class ShardedTokens:
@@ -146,23 +147,55 @@ def count_token(tokens: ShardedTokens, token: int) -> int:
     return sum(int(np.count_nonzero(tokens[start : start + piece] == token)) for start in range(0, len(tokens), piece))
 
 
-def read_manifest(folder: Path, field: str = DATA_PATH) -> dict[str, Any]:
-    """The manifest of a complete prepared folder; refuses a missing, unfinished or foreign one."""
-    return load_manifest(
+def read_manifest(folder: Path, field: str = DATA_PATH, where: str | None = None) -> dict[str, Any]:
+    """The manifest of a complete prepared folder; refuses a missing, unfinished or foreign one, and one whose
+    entries are not what this code reads (`listed_files`, the tokenizer's ids, the validation split). `where`:
+    how to name the folder (a URL's cache)."""
+    manifest = load_manifest(
         folder, field, f"prepare INPUTS --out {folder}", FORMAT, needs=("tokenizer", "dtype", "shards")
     )
+    where = where or f"{field}={str(folder)!r}"
+    listed_files(manifest, where)
+    for key in ("vocab_size", *(["eos_id"] if "eos_id" in manifest["tokenizer"] else [])):
+        field_of(where, manifest["tokenizer"], key, int, "tokenizer")
+    validation = field_of(where, manifest, "validation", dict, "")
+    for key in ("first_token", "tokens"):
+        field_of(where, validation, key, int, "validation")
+    return manifest
+
+
+def listed_files(manifest: dict[str, Any], where: str) -> list[Listed]:
+    """Every file a manifest lists (tokenizer, shards, an SFT folder's masks and offsets) with its size and digest;
+    each entry checked first, since a manifest can come from anywhere (a bucket, a copy): one line on the first
+    that is not what `prepare` writes."""
+    dtype = manifest.get("dtype")
+    if dtype not in TOKEN_DTYPES:
+        raise RecipeError(
+            f"{where}: {MANIFEST} dtype {str(dtype)[:40]!r} is not allowed (one of {', '.join(TOKEN_DTYPES)})"
+        )
+    tokenizer = field_of(where, manifest, "tokenizer", dict, "")
+    itemsize = np.dtype(dtype).itemsize
+    files = [check_listed(where, Listed(TOKENIZER, None, field_of(where, tokenizer, "sha256", str, "tokenizer")))]
+    for index, shard in enumerate(entries(where, manifest["shards"], "shards")):
+        tokens = field_of(where, shard, "tokens", int, f"shards[{index}]")
+        name, sha256 = (field_of(where, shard, key, str, f"shards[{index}]") for key in ("file", "sha256"))
+        files.append(check_listed(where, Listed(name, tokens * itemsize, sha256)))
+    if isinstance(sft := manifest.get("sft"), dict):  # chat examples: one mask byte per token, int64 offsets
+        for index, mask in enumerate(entries(where, sft.get("loss_mask"), "sft.loss_mask")):
+            tokens = field_of(where, mask, "tokens", int, f"sft.loss_mask[{index}]")
+            name, sha256 = (field_of(where, mask, key, str, f"sft.loss_mask[{index}]") for key in ("file", "sha256"))
+            files.append(check_listed(where, Listed(name, tokens, sha256)))
+        examples = field_of(where, sft, "examples", dict, "sft")
+        count = field_of(where, examples, "count", int, "sft.examples")
+        name, sha256 = (field_of(where, examples, key, str, "sft.examples") for key in ("file", "sha256"))
+        files.append(check_listed(where, Listed(name, (count + 1) * 8, sha256)))
+    return files
 
 
 def verify(folder: Path, manifest: dict[str, Any], checksums: bool = False, field: str = DATA_PATH) -> None:
     """Refuse a folder whose files do not match its manifest: missing, another size, or (checksums) other bytes."""
-    itemsize = np.dtype(manifest["dtype"]).itemsize
-    files = [Listed(TOKENIZER, None, manifest["tokenizer"]["sha256"])]
-    files += [Listed(shard["file"], shard["tokens"] * itemsize, shard["sha256"]) for shard in manifest["shards"]]
-    if isinstance(sft := manifest.get("sft"), dict):  # chat examples: one mask byte per token, int64 offsets
-        files += [Listed(mask["file"], mask["tokens"], mask["sha256"]) for mask in sft["loss_mask"]]
-        examples = sft["examples"]
-        files.append(Listed(examples["file"], (examples["count"] + 1) * 8, examples["sha256"]))
-    check_files(folder, files, checksums, field)
+    where = f"{field}={str(folder)!r}"
+    check_files(folder, listed_files(manifest, where), checksums, field)
 
 
 def open_prepared(
@@ -188,9 +221,10 @@ def open_remote(
     from ....data.remote import CachedShards, ShardCache
 
     cache = ShardCache(url, cache_dir, int(cache_gb * 1e9), field)
-    manifest = read_manifest(cache.fetch_small(MANIFEST).parent, field)
-    itemsize = np.dtype(manifest["dtype"]).itemsize
-    files = [Listed(shard["file"], shard["tokens"] * itemsize, shard["sha256"]) for shard in manifest["shards"]]
+    where = f"{field}={url!r}"
+    manifest = read_manifest(cache.fetch_small(MANIFEST).parent, field, where)
+    listed = listed_files(manifest, where)
+    files = listed[1 : 1 + len(manifest["shards"])]
     found = cache.remote_sizes()
     for name, size, _ in files:
         if found.get(name) != size:
@@ -206,7 +240,7 @@ def open_remote(
             f" {shuffle_blocks} blocks need up to {needed / 1e9:.6g} GB (raise data.cache_gb to at least that, or"
             " lower data.shuffle_blocks)"
         )
-    tokenizer = cache.path(Listed(TOKENIZER, None, manifest["tokenizer"]["sha256"]))
+    tokenizer = cache.path(listed[0])
     shards = CachedShards(cache, files, manifest["dtype"])
     tokens = ShardedTokens(shards, lengths=[shard["tokens"] for shard in manifest["shards"]], dtype=manifest["dtype"])
     return tokens, manifest, tokenizer
@@ -217,14 +251,34 @@ def remote_tokenizer(url: str, cache_dir: Path, field: str = DATA_PATH) -> tuple
     from ....data.remote import ShardCache
 
     cache = ShardCache(url, cache_dir, bound_bytes=1 << 62, field=field)  # adds one small file: evicts nothing
-    manifest = read_manifest(cache.fetch_small(MANIFEST).parent, field)
-    return cache.path(Listed(TOKENIZER, None, manifest["tokenizer"]["sha256"])), manifest
+    where = f"{field}={url!r}"
+    manifest = read_manifest(cache.fetch_small(MANIFEST).parent, field, where)
+    return cache.path(listed_files(manifest, where)[0]), manifest
+
+
+def verify_url(url: str, field: str = DATA_PATH) -> str:
+    """`data verify URL`: the remote folder's manifest checked as a local one's, every file it lists read once and
+    compared with its size and SHA-256; one line on what it holds."""
+    import tempfile
+
+    from ....data.remote import read_small, verify_remote
+
+    where = f"{field}={url!r}"
+    with tempfile.TemporaryDirectory() as folder:  # the manifest where the local reader reads it
+        (Path(folder) / MANIFEST).write_bytes(read_small(url, MANIFEST, field))
+        manifest = read_manifest(Path(folder), field, where)
+    verify_remote(url, listed_files(manifest, where), field)
+    return describe_manifest(manifest)
 
 
 def describe_folder(folder: Path) -> str:
     """One line on what a prepared folder holds."""
-    manifest = read_manifest(folder)
+    return describe_manifest(read_manifest(folder))
+
+
+def describe_manifest(manifest: dict[str, Any]) -> str:
+    """One line on what a prepared folder's manifest lists."""
     return (
-        f"{manifest['tokens']:,} tokens in {len(manifest['shards'])} shard(s), vocabulary"
-        f" {manifest['tokenizer']['vocab_size']}, validation {manifest['validation']['tokens']:,} tokens"
+        f"{sum(shard['tokens'] for shard in manifest['shards']):,} tokens in {len(manifest['shards'])} shard(s),"
+        f" vocabulary {manifest['tokenizer']['vocab_size']}, validation {manifest['validation']['tokens']:,} tokens"
     )
