@@ -47,6 +47,10 @@ class Fsdp2Options:
             Interleaved1F1B, >= 1 for InterleavedZeroBubble, 2 for ZBVZeroBubble).
         pipeline_split: Blocks per stage, in order (sums to the number of blocks); empty: balanced by
             parameter count.
+        expert_parallel_size: Data-parallel ranks that split each mixture-of-experts layer's experts
+            between them (each holds num_experts / ep; tokens reach their experts by all-to-all); the
+            experts are sharded further over the data-parallel ranks holding the same ones. Divides
+            the data-parallel size and the model's experts; 1 turns expert parallel off.
     """
 
     tensor_parallel_size: int = field(default=1, metadata=bounds(at_least=1))
@@ -57,6 +61,7 @@ class Fsdp2Options:
     pipeline_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"] = "1F1B"
     pipeline_stages_per_rank: int = 1
     pipeline_split: list[int] = field(default_factory=list)
+    expert_parallel_size: int = field(default=1, metadata=bounds(at_least=1))
 
 
 @dataclass

@@ -27,6 +27,7 @@ from .base import (
     divisors,
     process_group_options,
 )
+from .expert_checks import check_expert_parallel
 from .pipeline_checks import check_pipeline, pipeline_rehearsal_problem
 
 if TYPE_CHECKING:
@@ -100,6 +101,8 @@ class FSDP2(TrainingStrategy):
             )
         if self.pipeline_parallel_size != 1:
             check_pipeline(self)
+        if self.options.expert_parallel_size != 1:
+            check_expert_parallel(self)
         if recipe.precision not in SHARDED_PRECISIONS:
             raise RecipeError(
                 f"precision={recipe.precision} is not supported with strategy.name={self.name}"
@@ -137,6 +140,8 @@ class FSDP2(TrainingStrategy):
                 f"pipeline parallel {self.pipeline_parallel_size} ({options.pipeline_schedule},"
                 f" {options.pipeline_microbatches} micro-batches) x {text}"
             )
+        if self.options.expert_parallel_size > 1:
+            text += f" x expert parallel {self.options.expert_parallel_size}"
         return text + f" x tensor parallel {self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else text
 
     def plan_options(self) -> list[PlanOption]:

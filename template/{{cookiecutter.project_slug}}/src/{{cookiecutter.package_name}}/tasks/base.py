@@ -202,6 +202,10 @@ class Task:
         model has no tensor-parallel plan (then tensor parallel is refused)."""
         return {}
 
+    def expert_parallel_dimensions(self) -> dict[str, int]:
+        """The same for expert parallel ({"model.moe.num_experts": 8}); {} when the model has no experts."""
+        return {}
+
     def adapters(self) -> str | None:
         """The recipe field that trains adapters on a frozen model (`lora.rank=8`), or None when every parameter
         trains (strategies that cannot train a partly frozen model refuse it)."""
@@ -300,13 +304,11 @@ class Task:
         """Fresh torchmetrics for one validation pass, by name (logged as val/<name>; reduced across ranks).
         Default: the loss, averaged over samples."""
         from torchmetrics.aggregation import MeanMetric
-
         return {"loss": MeanMetric()}
 
     def update_metrics(self, outputs: Any, targets: Any, metrics: dict[str, Metric]) -> None:
-        """Update the validation metrics with the model's outputs for a micro-batch (or a pipeline's piece of one) and
-        its targets (under torch.no_grad, the model in eval mode). Default: the loss, weighted by the targets' first
-        dimension (samples)."""
+        """Update the validation metrics with the outputs and targets of a micro-batch or a pipeline's piece (under
+        torch.no_grad, in eval mode). Default: the loss, weighted by the targets' first dimension (samples)."""
         metrics["loss"].update(self.loss(outputs, targets), weight=targets.shape[0])
 
     def validation_results(self, computed: dict[str, float]) -> dict[str, float]:
@@ -314,8 +316,7 @@ class Task:
         return computed
 
     def benchmarks(self) -> Benchmarks | None:
-        """The downstream benchmarks the recipe asks for during training, loaded (or refused in one line) before
-        the first step; None when it asks for none."""
+        """Downstream benchmarks the recipe asks for, loaded (or refused in one line) before the first step; or None."""
         return None
 
     def flops_per_unit(self) -> float | None:
@@ -326,7 +327,6 @@ class Task:
 def contract_problems(model: Any) -> list[str]:
     """What `model` lacks of the `TrainableModel` contract, one phrase each ([] when it has it all)."""
     from torch import nn
-
     problems = []
     if not isinstance(getattr(model, "blocks", None), nn.ModuleList):
         problems.append("no `blocks` nn.ModuleList (the repeated block strategies shard, checkpoint and compile)")
