@@ -35,7 +35,9 @@ def check_expert_parallel(strategy: Any) -> None:
                 f"{field} does not compose with {field_path(Fsdp2Options, name)}={other} yet (set one of them to 1)"
             )
     if strategy.hybrid:
-        raise RecipeError(f"{field} does not compose with strategy.name={strategy.name} yet (choose fsdp2, or set it to 1)")
+        raise RecipeError(
+            f"{field} does not compose with strategy.name={strategy.name} yet (choose fsdp2, or set it to 1)"
+        )
     data_parallel = strategy.data_parallel_size()
     if data_parallel % size:
         raise RecipeError(

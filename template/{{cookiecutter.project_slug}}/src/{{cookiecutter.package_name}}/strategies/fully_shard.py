@@ -164,9 +164,8 @@ def shard_model(
         and options.pipeline_schedule in ZERO_BUBBLE_SCHEDULES
     )
     if options is not None and options.expert_parallel_size > 1:
-        shard_experts(
-            model, data_mesh, options.expert_parallel_size, reshard_after_forward=not keep, offload_policy=policy, mp_policy=mixed
-        )
+        sharding = dict(reshard_after_forward=not keep, offload_policy=policy, mp_policy=mixed)
+        shard_experts(model, data_mesh, options.expert_parallel_size, **sharding)
     for block in model.blocks:
         fully_shard(block, mesh=data_mesh, reshard_after_forward=not keep, offload_policy=policy, mp_policy=mixed)
     # The root is gathered for the whole step anyway; keeping it unsharded after forward saves

@@ -198,12 +198,11 @@ class Task:
         """Refuse model and data settings that cannot run (raise RecipeError naming the field)."""
 
     def tensor_parallel_dimensions(self) -> dict[str, int]:
-        """Recipe fields that tensor parallel must divide evenly ({"model.n_head": 8, ...}); {} when the
-        model has no tensor-parallel plan (then tensor parallel is refused)."""
+        """Recipe fields that tensor parallel must divide ({"model.n_head": 8}); {} when it has no plan (refused)."""
         return {}
 
     def expert_parallel_dimensions(self) -> dict[str, int]:
-        """The same for expert parallel ({"model.moe.num_experts": 8}); {} when the model has no experts."""
+        """Those expert parallel must divide ({"model.moe.num_experts": 8}); {} when it has no experts (refused)."""
         return {}
 
     def adapters(self) -> str | None:
@@ -225,8 +224,7 @@ class Task:
         return None
 
     def trained_parameters(self) -> int | None:
-        """How many parameters train when only some do (adapters on a frozen base), by formula for `plan`; None:
-        all of them."""
+        """How many parameters train when only some do (adapters on a frozen base), by formula for `plan`; None: all."""
         return None
 
     def describe(self) -> str | None:
@@ -304,6 +302,7 @@ class Task:
         """Fresh torchmetrics for one validation pass, by name (logged as val/<name>; reduced across ranks).
         Default: the loss, averaged over samples."""
         from torchmetrics.aggregation import MeanMetric
+
         return {"loss": MeanMetric()}
 
     def update_metrics(self, outputs: Any, targets: Any, metrics: dict[str, Metric]) -> None:
@@ -327,6 +326,7 @@ class Task:
 def contract_problems(model: Any) -> list[str]:
     """What `model` lacks of the `TrainableModel` contract, one phrase each ([] when it has it all)."""
     from torch import nn
+
     problems = []
     if not isinstance(getattr(model, "blocks", None), nn.ModuleList):
         problems.append("no `blocks` nn.ModuleList (the repeated block strategies shard, checkpoint and compile)")
