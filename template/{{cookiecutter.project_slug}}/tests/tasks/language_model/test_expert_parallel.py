@@ -13,7 +13,7 @@ from helpers import RECIPES, final_weights, losses_by_run, run_cli
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
-from {{ cookiecutter.package_name }}.tasks.language_model.families.llama.moe import expert_order
+from {{ cookiecutter.package_name }}.tasks.language_model.families.llama.moe import Experts, expert_order
 
 RECIPE = RECIPES / "cpu-moe-debug.yaml"  # 4 experts, 2 processes
 EP = "--strategy.fsdp2.expert_parallel_size"
@@ -29,6 +29,16 @@ def test_received_rows_are_ordered_by_local_expert_then_source_rank() -> None:
     assert order.tolist() == [3, 4, 0, 1, 2] and counts.tolist() == [2, 3]
     rows = torch.arange(5)
     assert torch.equal(rows[order][torch.argsort(order)], rows)  # the way back restores the arrival order
+
+
+def test_experts_that_receive_no_rows_return_none_and_a_zero_gradient() -> None:
+    experts = Experts(num_experts=2, width=16, hidden=32)  # torch._grouped_mm would refuse the empty input
+    for weight in experts.parameters():
+        torch.nn.init.normal_(weight)
+    out = experts(torch.zeros(0, 16), torch.tensor([0, 0]))
+    assert out.shape == (0, 16)
+    out.sum().backward()
+    assert all(weight.grad is not None and not weight.grad.any() for weight in experts.parameters())
 
 
 @pytest.mark.parametrize(

@@ -145,7 +145,8 @@ class Experts(nn.Module):
         # Under expert parallelism the weights are DTensors sharded by expert: this rank computes its own experts.
         held = [w.to_local() if isinstance(w, DTensor) else w for w in (self.gate, self.up, self.down)]
         x, weights = x.to(dtype), [w.to(dtype) for w in held]
-        if self.use_grouped_mm and grouped_mm_runs(x, *weights):
+        # A rank may receive no rows at all under expert parallelism: _grouped_mm refuses empty inputs, the loop not.
+        if self.use_grouped_mm and x.shape[0] and grouped_mm_runs(x, *weights):
             return grouped_experts(x, counts, *weights)
         return looped_experts(x, counts, *weights)
 
