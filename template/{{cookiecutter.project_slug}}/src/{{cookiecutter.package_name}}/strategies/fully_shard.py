@@ -186,9 +186,13 @@ def shard_experts(model: Any, data_mesh: DeviceMesh, degree: int, **sharding: An
     for module in list(model.modules()):
         if callable(parallelize_experts := getattr(module, "parallelize_experts", None)):
             experts = fully_shard(parallelize_experts(mesh["expert"]), mesh=mesh["expert_shard"], **sharding)
-            # A local expert's gradient already sums every rank's tokens (the all-to-all brought them): divided by
-            # all the data-parallel ranks, it is the mean fully_shard makes of the other parameters' gradients.
+            # A local expert's gradient already sums every rank's tokens (the all-to-all brought them): summed over
+            # the ranks holding the same experts and divided by all the data-parallel ranks, it is the mean
+            # fully_shard makes of the other parameters' gradients. Over several ranks a sum then a division, not
+            # NCCL's PREMUL_SUM, which gloo lacks; alone (degree = all ranks) fully_shard divides once by itself and
+            # the forced sum would divide again.
             experts.set_gradient_divide_factor(float(ranks))
+            experts.set_force_sum_reduction_for_comms(ranks > degree)
 
 
 def materialize(model: Any, device_type: str) -> None:

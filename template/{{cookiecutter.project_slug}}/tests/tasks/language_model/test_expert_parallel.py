@@ -94,6 +94,20 @@ def test_two_expert_parallel_ranks_give_the_losses_and_weights_of_one(tmp_path: 
 
 @pytest.mark.slow
 @pytest.mark.matrix
+def test_experts_sharded_by_expert_and_by_fsdp2_on_four_processes_give_the_losses_of_fsdp2_alone(
+    tmp_path: Path,
+) -> None:
+    runs = {degree: tmp_path / f"ep{degree}" for degree in (1, 2)}  # ep=2: each pair of experts on 2 ranks too
+    for degree, out_dir in runs.items():
+        result = run_cli(*args(out_dir, degree, 3), "--devices", "4")
+        assert result.returncode == 0, result.stderr[-3000:]
+    (alone,), (split,) = losses_by_run(runs[1]), losses_by_run(runs[2])
+    assert alone.keys() == split.keys() == {1, 2, 3}
+    assert all(abs(alone[step] - split[step]) < 1e-5 for step in alone), (alone, split)
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
 @pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
 def test_a_checkpoint_resumes_under_another_expert_parallel_degree(before: int, after: int, tmp_path: Path) -> None:
     reference = tmp_path / "reference"
