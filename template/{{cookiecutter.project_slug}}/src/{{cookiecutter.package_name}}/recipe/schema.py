@@ -51,6 +51,10 @@ class Fsdp2Options:
             2 x cp load-balanced chunks and attends over the keys and values gathered from the others;
             they share the same samples. Divides the data-parallel ranks; 2 x cp divides the sequence
             length. 1 turns it off.
+        expert_parallel_size: Data-parallel ranks that split each mixture-of-experts layer's experts
+            between them (each holds num_experts / ep; tokens reach their experts by all-to-all); the
+            experts are sharded further over the data-parallel ranks holding the same ones. Divides
+            the data-parallel size and the model's experts; 1 turns expert parallel off.
     """
 
     tensor_parallel_size: int = field(default=1, metadata=bounds(at_least=1))
@@ -62,6 +66,7 @@ class Fsdp2Options:
     pipeline_stages_per_rank: int = 1
     pipeline_split: list[int] = field(default_factory=list)
     context_parallel_size: int = field(default=1, metadata=bounds(at_least=1))
+    expert_parallel_size: int = field(default=1, metadata=bounds(at_least=1))
 
 
 @dataclass

@@ -20,14 +20,9 @@ from ..planner.options import PlanOption, PlanSizes, PlanTerm
 from ..precision import MIXED, torch_model_states
 from ..recipe.schema import Fsdp2Options
 from ..tasks.base import checked_model
-from .base import (
-    GpuRequirement,
-    MakeOptimizer,
-    TrainingStrategy,
-    divisors,
-    process_group_options,
-)
+from .base import GpuRequirement, MakeOptimizer, TrainingStrategy, divisors, process_group_options
 from .context_parallel import check_context_parallel, split_sequences
+from .expert_checks import check_expert_parallel
 from .pipeline_checks import check_pipeline, pipeline_rehearsal_problem
 
 if TYPE_CHECKING:
@@ -103,10 +98,10 @@ class FSDP2(TrainingStrategy):
                 f"strategy.name={self.name} needs num_nodes >= 2 (it shards inside a node and replicates across"
                 " nodes); on one node choose fsdp2"
             )
-        if self.pipeline_parallel_size != 1:
-            check_pipeline(self)
-        if self.context_parallel_size != 1:
-            check_context_parallel(self)
+        sizes = (self.pipeline_parallel_size, self.context_parallel_size, self.options.expert_parallel_size)
+        for size, check in zip(sizes, (check_pipeline, check_context_parallel, check_expert_parallel), strict=True):
+            if size != 1:  # each mesh dimension's own rules
+                check(self)
         if recipe.precision not in SHARDED_PRECISIONS:
             raise RecipeError(
                 f"precision={recipe.precision} is not supported with strategy.name={self.name}"
@@ -146,6 +141,8 @@ class FSDP2(TrainingStrategy):
                 f"pipeline parallel {self.pipeline_parallel_size} ({options.pipeline_schedule},"
                 f" {options.pipeline_microbatches} micro-batches) x {text}"
             )
+        if self.options.expert_parallel_size > 1:
+            text += f" x expert parallel {self.options.expert_parallel_size}"
         return text + f" x tensor parallel {self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else text
 
     def plan_options(self) -> list[PlanOption]:

@@ -2,7 +2,8 @@
 the `parallelize_fn` it calls with the model and the device mesh, and gradient clipping across meshes.
 
 The model brings its own facts (models/): `model.blocks`, the unit that is sharded, checkpointed and
-compiled, and `model.tensor_parallel_plan()`, how one block is split.
+compiled, `model.tensor_parallel_plan()`, how one block is split, and under expert parallelism each
+mixture-of-experts layer's `parallelize_experts(mesh)`, how its experts are split by expert.
 """
 
 from __future__ import annotations
@@ -175,6 +176,9 @@ def shard_model(
         and options.pipeline_parallel_size > 1
         and options.pipeline_schedule in ZERO_BUBBLE_SCHEDULES
     )
+    if options is not None and options.expert_parallel_size > 1:
+        sharding = dict(reshard_after_forward=not keep, offload_policy=policy, mp_policy=mixed)
+        shard_experts(model, data_mesh, options.expert_parallel_size, **sharding)
     for block in model.blocks:
         fully_shard(block, mesh=data_mesh, reshard_after_forward=not keep, offload_policy=policy, mp_policy=mixed)
     # The root is gathered for the whole step anyway; keeping it unsharded after forward saves
@@ -183,6 +187,25 @@ def shard_model(
     if config.meta_init:
         materialize(model, "cpu" if offload else device_type)  # offloaded shards live in host memory
     return model
+
+
+def shard_experts(model: Any, data_mesh: DeviceMesh, degree: int, **sharding: Any) -> None:
+    """Expert parallelism over the 1-D `data_mesh` as (expert_shard, expert): each group of `degree` neighbouring
+    ranks splits every mixture-of-experts layer's experts by expert (the layer's `parallelize_experts`), and the
+    ranks holding the same experts shard them further with fully_shard (torchtitan's dp_shard_in_ep). The blocks'
+    fully_shard then leaves the experts to theirs."""
+    ranks = data_mesh.size()
+    mesh = init_device_mesh(data_mesh.device_type, (ranks // degree, degree), mesh_dim_names=("expert_shard", "expert"))
+    for module in list(model.modules()):
+        if callable(parallelize_experts := getattr(module, "parallelize_experts", None)):
+            experts = fully_shard(parallelize_experts(mesh["expert"]), mesh=mesh["expert_shard"], **sharding)
+            # A local expert's gradient already sums every rank's tokens (the all-to-all brought them): summed over
+            # the ranks holding the same experts and divided by all the data-parallel ranks, it is the mean
+            # fully_shard makes of the other parameters' gradients. Over several ranks a sum then a division, not
+            # NCCL's PREMUL_SUM, which gloo lacks; alone (degree = all ranks) fully_shard divides once by itself and
+            # the forced sum would divide again.
+            experts.set_gradient_divide_factor(float(ranks))
+            experts.set_force_sum_reduction_for_comms(ranks > degree)
 
 
 def materialize(model: Any, device_type: str) -> None:

@@ -198,8 +198,11 @@ class Task:
         """Refuse model and data settings that cannot run (raise RecipeError naming the field)."""
 
     def tensor_parallel_dimensions(self) -> dict[str, int]:
-        """Recipe fields that tensor parallel must divide evenly ({"model.n_head": 8, ...}); {} when the
-        model has no tensor-parallel plan (then tensor parallel is refused)."""
+        """Recipe fields that tensor parallel must divide ({"model.n_head": 8}); {} when it has no plan (refused)."""
+        return {}
+
+    def expert_parallel_dimensions(self) -> dict[str, int]:
+        """Those expert parallel must divide ({"model.moe.num_experts": 8}); {} when it has no experts (refused)."""
         return {}
 
     def adapters(self) -> str | None:
@@ -221,8 +224,7 @@ class Task:
         return None
 
     def trained_parameters(self) -> int | None:
-        """How many parameters train when only some do (adapters on a frozen base), by formula for `plan`; None:
-        all of them."""
+        """How many parameters train when only some do (adapters on a frozen base), by formula for `plan`; None: all."""
         return None
 
     def describe(self) -> str | None:
@@ -304,9 +306,8 @@ class Task:
         return {"loss": MeanMetric()}
 
     def update_metrics(self, outputs: Any, targets: Any, metrics: dict[str, Metric]) -> None:
-        """Update the validation metrics with the model's outputs for a micro-batch (or a pipeline's piece of one) and
-        its targets (under torch.no_grad, the model in eval mode). Default: the loss, weighted by the targets' first
-        dimension (samples)."""
+        """Update the validation metrics with the outputs and targets of a micro-batch or a pipeline's piece (under
+        torch.no_grad, in eval mode). Default: the loss, weighted by the targets' first dimension (samples)."""
         metrics["loss"].update(self.loss(outputs, targets), weight=targets.shape[0])
 
     def validation_results(self, computed: dict[str, float]) -> dict[str, float]:
@@ -314,8 +315,7 @@ class Task:
         return computed
 
     def benchmarks(self) -> Benchmarks | None:
-        """The downstream benchmarks the recipe asks for during training, loaded (or refused in one line) before
-        the first step; None when it asks for none."""
+        """Downstream benchmarks the recipe asks for, loaded (or refused in one line) before the first step; or None."""
         return None
 
     def flops_per_unit(self) -> float | None:

@@ -33,6 +33,11 @@ RECIPE_ONLY: list[tuple[str, list[str], str]] = [
     ("validation share of 1.5", ["--data.val_fraction", "1.5"], "data.val_fraction=1.5 must be in (0, 1)"),
     ("unknown data source", ["--data.source", "parquet"], "data.source: 'parquet' is not allowed"),
     ("unknown token type", ["--data.token_dtype", "int8"], "data.token_dtype: 'int8' is not allowed"),
+    (
+        "expert parallel without experts",
+        ["--strategy.fsdp2.expert_parallel_size", "2"],
+        "strategy.fsdp2.expert_parallel_size=2: task=language_model's model has no experts to split (set it to 1)",
+    ),
 ]
 
 

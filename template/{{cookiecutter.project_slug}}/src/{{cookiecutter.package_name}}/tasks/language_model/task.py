@@ -110,6 +110,10 @@ class LanguageModel(Task):
             return {}
         return {field_path(model, key): size for key, size in model.tensor_parallel_dimensions().items()}
 
+    def expert_parallel_dimensions(self) -> dict[str, int]:
+        moe = self.recipe.model.moe
+        return {field_path(moe, "num_experts"): moe.num_experts} if moe.num_experts else {}
+
     def adapters(self) -> str | None:
         return f"lora.rank={self.recipe.lora.rank}" if self.recipe.lora.rank else None
 

@@ -4,8 +4,10 @@ Each token's router scores pick top_k of the experts (`route`); `dispatch` sorts
 expert, dropping those past an expert's capacity; the experts run over their contiguous rows at once
 (`torch._grouped_mm`, or a loop over experts where it cannot run); `combine` puts each result back, weighted by its
 score. The experts' weights are 3-D, [expert, out, in], so one dimension splits them over ranks; `dispatch` and
-`combine` are the one place tokens move between experts, the place an all-to-all takes over when experts live on
-different ranks.
+`combine` are the one place tokens move between experts. Under expert parallelism (`parallelize_experts`) each rank
+holds num_experts / ep of the experts and `exchange` runs them: each rank's dispatched rows go by all-to-all to the
+ranks holding their experts and come back the same way, in the order `combine` expects. Capacity is counted per
+rank, over its own tokens, as without expert parallelism, so the same pairs are dropped whatever the degree.
 
 Each forward records its figures (the experts' loads, dropped pairs, the balance loss, the router's entropy) on
 the layer; the model folds them into the step's (model.py: `auxiliary_loss`, `end_step`).
@@ -17,8 +19,12 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from ...config import ModelConfig, MoeConfig
 
@@ -136,10 +142,37 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         # Under autocast the matmuls run in its dtype, as a Linear would; _grouped_mm takes one dtype throughout.
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        x, weights = x.to(dtype), [w.to(dtype) for w in (self.gate, self.up, self.down)]
-        if self.use_grouped_mm and grouped_mm_runs(x, *weights):
+        # Under expert parallelism the weights are DTensors sharded by expert: this rank computes its own experts.
+        held = [w.to_local() if isinstance(w, DTensor) else w for w in (self.gate, self.up, self.down)]
+        x, weights = x.to(dtype), [w.to(dtype) for w in held]
+        # A rank may receive no rows at all under expert parallelism: _grouped_mm refuses empty inputs, the loop not.
+        if self.use_grouped_mm and x.shape[0] and grouped_mm_runs(x, *weights):
             return grouped_experts(x, counts, *weights)
         return looped_experts(x, counts, *weights)
+
+
+def expert_order(received: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows received by all-to-all arrive by source rank, then local expert (`received`: (ranks, local experts)
+    counts): the permutation that sorts them by local expert, then source rank, and the rows per local expert."""
+    ranks, local = received.shape
+    segment = torch.arange(ranks * local, device=received.device).repeat_interleave(received.reshape(-1))
+    expert_major = (segment % local) * ranks + segment // local
+    return torch.argsort(expert_major, stable=True), received.sum(dim=0)
+
+
+def exchange(experts: Experts, sent: Dispatched, group: dist.ProcessGroup) -> torch.Tensor:
+    """The outputs of `sent`'s rows (sorted by global expert), computed by the ranks of `group` that hold their
+    experts (rank r: experts r x local to (r + 1) x local - 1), in `sent`'s order. The rows' counts are exchanged
+    first (the split sizes); the rows and outputs move by all-to-all with autograd, so each expert's gradient comes
+    from every rank's tokens."""
+    send = sent.counts.view(dist.get_world_size(group), -1)  # (destination rank, its local expert)
+    received = torch.empty_like(send)
+    dist.all_to_all_single(received, send, group=group)  # (source rank, my local expert)
+    send_splits, receive_splits = send.sum(dim=1).tolist(), received.sum(dim=1).tolist()
+    rows = all_to_all_single_autograd(sent.rows, receive_splits, send_splits, group)
+    order, counts = expert_order(received)
+    outputs = experts(rows[order], counts)[torch.argsort(order)]
+    return all_to_all_single_autograd(outputs, send_splits, receive_splits, group)
 
 
 @dataclass
@@ -173,13 +206,29 @@ class MoE(nn.Module):
         self.expert_bias: torch.Tensor | None
         self.register_buffer("expert_bias", bias, persistent=True)
         self.record: Record | None = None
+        self.expert_group: dist.ProcessGroup | None = None  # the expert-parallel ranks (parallelize_experts)
+
+    def parallelize_experts(self, mesh: DeviceMesh) -> nn.Module:
+        """Expert parallelism over the 1-D `mesh`: each rank keeps num_experts / mesh.size() experts, its slice of
+        DTensors sharded on the expert dimension (so a checkpoint names every expert globally, whatever the degree);
+        tokens reach them by all-to-all. The experts module, for the strategy to shard further."""
+        for name, param in list(self.experts.named_parameters(recurse=False)):
+            # src_data_rank=None: every rank built the same weights (or none, on the meta device): no scatter.
+            local = distribute_tensor(param.data, mesh, [Shard(0)], src_data_rank=None)
+            self.experts.register_parameter(name, nn.Parameter(local, requires_grad=param.requires_grad))
+        self.expert_group = mesh.get_group()
+        return self.experts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         tokens, top_k = flat.shape[0], self.config.top_k
         routing = route(self.router(flat), self.config, self.expert_bias)
         sent = dispatch(flat, routing, self.config.num_experts, capacity(tokens, self.config))
-        out = combine(self.experts(sent.rows, sent.counts), sent, tokens, top_k).to(x.dtype)
+        if self.expert_group is None:
+            outputs = self.experts(sent.rows, sent.counts)
+        else:
+            outputs = exchange(self.experts, sent, self.expert_group)
+        out = combine(outputs, sent, tokens, top_k).to(x.dtype)
         if self.shared is not None:
             out = out + self.shared(flat)
         loads = torch.bincount(routing.experts.reshape(-1), minlength=self.config.num_experts)

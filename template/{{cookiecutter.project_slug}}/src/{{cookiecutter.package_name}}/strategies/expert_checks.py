@@ -1,0 +1,52 @@
+"""The rules strategy.fsdp2.expert_parallel_size must follow; no torch.
+
+Expert parallelism splits each mixture-of-experts layer's experts over groups of data-parallel ranks (fully_shard.py
+builds the mesh): the degree divides the data-parallel ranks and the experts, and composes with fsdp2's sharding
+only (tensor parallel, pipeline stages, context parallel and hsdp's replicas keep the experts whole). Checked before any process
+starts, each refusal one line naming the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import RecipeError
+from ..recipe.schema import Fsdp2Options, field_path
+from .base import divisors
+
+
+def common_divisors(*numbers: int) -> str:
+    """'1, 2 or 4': the values that divide every one of `numbers`, for error messages."""
+    values = [str(d) for d in range(1, min(numbers) + 1) if all(n % d == 0 for n in numbers)]
+    return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
+
+
+def check_expert_parallel(strategy: Any) -> None:
+    """Refuse an expert-parallel degree the model or the mesh cannot hold (`strategy`: an FSDP2)."""
+    options: Fsdp2Options = strategy.options
+    size = options.expert_parallel_size
+    field = f"{field_path(Fsdp2Options, 'expert_parallel_size')}={size}"
+    dimensions: dict[str, int] = strategy.task.expert_parallel_dimensions()
+    if not dimensions:
+        raise RecipeError(f"{field}: task={strategy.recipe.task}'s model has no experts to split (set it to 1)")
+    for name in ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size"):
+        if (other := getattr(options, name)) > 1:
+            raise RecipeError(
+                f"{field} does not compose with {field_path(Fsdp2Options, name)}={other} yet (set one of them to 1)"
+            )
+    if strategy.hybrid:
+        raise RecipeError(
+            f"{field} does not compose with strategy.name={strategy.name} yet (choose fsdp2, or set it to 1)"
+        )
+    data_parallel = strategy.data_parallel_size()
+    if data_parallel % size:
+        raise RecipeError(
+            f"{field} does not divide the {data_parallel} data-parallel ranks (devices x num_nodes; choose"
+            f" {divisors(data_parallel)})"
+        )
+    for key, value in dimensions.items():
+        if value % size:
+            raise RecipeError(
+                f"{field} does not divide {key}={value} (each rank holds an equal share of the experts: choose"
+                f" {common_divisors(value, data_parallel)})"
+            )

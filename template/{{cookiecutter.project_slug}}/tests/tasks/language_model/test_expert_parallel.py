@@ -1,0 +1,122 @@
+"""Expert parallelism (strategy.fsdp2.expert_parallel_size): the order the all-to-all's rows are computed in, the
+degrees refused, the losses and weights of ep=1 at ep=2 (2 processes), a checkpoint resumed across degrees."""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import RECIPES, final_weights, losses_by_run, run_cli
+
+from {{ cookiecutter.package_name }}.errors import RecipeError
+from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
+from {{ cookiecutter.package_name }}.tasks.language_model.families.llama.moe import Experts, expert_order
+
+RECIPE = RECIPES / "cpu-moe-debug.yaml"  # 4 experts, 2 processes
+EP = "--strategy.fsdp2.expert_parallel_size"
+
+
+def test_received_rows_are_ordered_by_local_expert_then_source_rank() -> None:
+    # Two source ranks, two local experts: rank 0 sends 1 row to expert 0 and 2 to expert 1, rank 1 sends 2 and 1.
+    # They arrive as [r0e0 | r0e1 r0e1 | r1e0 r1e0 | r1e1].
+    order, counts = expert_order(torch.tensor([[1, 2], [2, 1]]))
+    assert order.tolist() == [0, 3, 4, 1, 2, 5]
+    assert counts.tolist() == [3, 3]
+    order, counts = expert_order(torch.tensor([[0, 3], [2, 0]]))  # an expert or a rank with none
+    assert order.tolist() == [3, 4, 0, 1, 2] and counts.tolist() == [2, 3]
+    rows = torch.arange(5)
+    assert torch.equal(rows[order][torch.argsort(order)], rows)  # the way back restores the arrival order
+
+
+def test_experts_that_receive_no_rows_return_none_and_a_zero_gradient() -> None:
+    experts = Experts(num_experts=2, width=16, hidden=32)  # torch._grouped_mm would refuse the empty input
+    for weight in experts.parameters():
+        torch.nn.init.normal_(weight)
+    out = experts(torch.zeros(0, 16), torch.tensor([0, 0]))
+    assert out.shape == (0, 16)
+    out.sum().backward()
+    assert all(weight.grad is not None and not weight.grad.any() for weight in experts.parameters())
+
+
+@pytest.mark.parametrize(
+    ("recipe", "overrides", "message"),
+    [
+        (RECIPE, [EP, "3"], "strategy.fsdp2.expert_parallel_size=3 does not divide the 2 data-parallel ranks"),
+        (
+            RECIPE,
+            [EP, "4", "--devices", "4", "--model.moe.num_experts", "6"],
+            "strategy.fsdp2.expert_parallel_size=4 does not divide model.moe.num_experts=6 (each rank holds an equal"
+            " share of the experts: choose 1 or 2)",
+        ),
+        (
+            RECIPES / "cpu-llama-debug.yaml",
+            [EP, "2"],
+            "strategy.fsdp2.expert_parallel_size=2: task=language_model's model has no experts to split (set it to 1)",
+        ),
+        (RECIPE, [EP, "0"], "strategy.fsdp2.expert_parallel_size=0 must be >= 1"),
+    ],
+)
+def test_degrees_the_model_or_the_mesh_cannot_hold_are_refused_in_one_line(
+    recipe: Path, overrides: list[str], message: str
+) -> None:
+    with pytest.raises(RecipeError, match=re.escape(message)):
+        parse_recipe(["--config", str(recipe), *overrides])
+    assert parse_recipe(["--config", str(RECIPE), EP, "2"]).strategy.fsdp2.expert_parallel_size == 2
+
+
+def args(out_dir: Path, degree: int, steps: int) -> list[str]:
+    """cpu-moe-debug shrunk to seconds, at expert-parallel degree `degree`."""
+    return [
+        "train", "--config", str(RECIPE), "--out_dir", str(out_dir), "--logger.name", "csv", EP, str(degree),
+        "--model.n_layer", "1", "--model.block_size", "16", "--train.max_steps", str(steps), "--eval.every_steps", "0",
+        "--logger.log_every_steps", "1", "--checkpoint.save_every_steps", "3", "--model.moe.capacity_factor", "1.0",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_two_expert_parallel_ranks_give_the_losses_and_weights_of_one(tmp_path: Path) -> None:
+    runs = {degree: tmp_path / f"ep{degree}" for degree in (1, 2)}
+    for degree, out_dir in runs.items():
+        result = run_cli(*args(out_dir, degree, 3))
+        assert result.returncode == 0, result.stderr[-3000:]
+    (alone,), (split,) = losses_by_run(runs[1]), losses_by_run(runs[2])
+    assert alone.keys() == split.keys() == {1, 2, 3}
+    assert all(abs(alone[step] - split[step]) < 1e-5 for step in alone), (alone, split)
+    weights, expected = final_weights(runs[2], 3), final_weights(runs[1], 3)
+    assert weights.keys() == expected.keys()  # every expert under its global name, whole
+    assert weights["blocks.0.mlp.experts.gate"].shape == expected["blocks.0.mlp.experts.gate"].shape == (4, 128, 128)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+def test_experts_sharded_by_expert_and_by_fsdp2_on_four_processes_give_the_losses_of_fsdp2_alone(
+    tmp_path: Path,
+) -> None:
+    runs = {degree: tmp_path / f"ep{degree}" for degree in (1, 2)}  # ep=2: each pair of experts on 2 ranks too
+    for degree, out_dir in runs.items():
+        result = run_cli(*args(out_dir, degree, 3), "--devices", "4")
+        assert result.returncode == 0, result.stderr[-3000:]
+    (alone,), (split,) = losses_by_run(runs[1]), losses_by_run(runs[2])
+    assert alone.keys() == split.keys() == {1, 2, 3}
+    assert all(abs(alone[step] - split[step]) < 1e-5 for step in alone), (alone, split)
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
+def test_a_checkpoint_resumes_under_another_expert_parallel_degree(before: int, after: int, tmp_path: Path) -> None:
+    reference = tmp_path / "reference"
+    assert run_cli(*args(reference, after, 5)).returncode == 0
+    (expected,) = losses_by_run(reference)
+    moved = tmp_path / "moved"
+    assert run_cli(*args(moved, before, 5), fault="kill-at-step:4").returncode == -signal.SIGKILL
+    resumed = run_cli(*args(moved, after, 5))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _, after_resume = losses_by_run(moved)
+    assert after_resume.keys() == {4, 5}
+    assert all(abs(after_resume[step] - expected[step]) < 1e-5 for step in after_resume), (after_resume, expected)
