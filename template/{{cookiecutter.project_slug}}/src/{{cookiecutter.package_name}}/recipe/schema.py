@@ -47,14 +47,12 @@ class Fsdp2Options:
             Interleaved1F1B, >= 1 for InterleavedZeroBubble, 2 for ZBVZeroBubble).
         pipeline_split: Blocks per stage, in order (sums to the number of blocks); empty: balanced by
             parameter count.
-        context_parallel_size: Ranks that split every sequence (context parallel): each holds 2 of
-            2 x cp load-balanced chunks and attends over the keys and values gathered from the others;
-            they share the same samples. Divides the data-parallel ranks; 2 x cp divides the sequence
-            length. 1 turns it off.
-        expert_parallel_size: Data-parallel ranks that split each mixture-of-experts layer's experts
-            between them (each holds num_experts / ep; tokens reach their experts by all-to-all); the
-            experts are sharded further over the data-parallel ranks holding the same ones. Divides
-            the data-parallel size and the model's experts; 1 turns expert parallel off.
+        context_parallel_size: Ranks that split every sequence of their shared samples (context parallel): each
+            holds 2 of 2 x cp load-balanced chunks and attends over the keys and values gathered from the others.
+            Divides the data-parallel ranks; 2 x cp divides the sequence length. 1 turns it off.
+        expert_parallel_size: Data-parallel ranks that split each mixture-of-experts layer's experts between them
+            (each holds num_experts / ep; tokens reach their experts by all-to-all), sharded further over the ranks
+            holding the same ones. Divides the data-parallel size and the model's experts; 1 turns it off.
     """
 
     tensor_parallel_size: int = field(default=1, metadata=bounds(at_least=1))
