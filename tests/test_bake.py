@@ -128,6 +128,10 @@ def assert_slurm_writers_only_if_chosen(project: Path, include_slurm: bool) -> N
 # Whose quick tests CI runs: the other loggers, each task, SLURM on and off (the default answers' projects run
 # theirs in test_generated_project.py); the other combinations' quick tests under `scripts/test.sh --full`.
 QUICK_IN_CI = {("tensorboard", "no", "image_classification"), ("csv", "yes", "language_model")}
+# What an answer changes is the machinery's (the default logger, the SLURM modules): in CI these bakes run the
+# machinery's quick tests, which train the toy task; a task's own tests do not depend on the answers and run in the
+# default answers' projects. `scripts/test.sh --full` runs every combination's whole quick selection.
+MACHINERY_TESTS = ["tests/unit", "tests/e2e"]
 
 
 @pytest.mark.parametrize(("logger", "include_slurm", "task"), CHOICES)
@@ -147,9 +151,15 @@ def test_every_choice_renders_and_lints(tmp_path: Path, logger: str, include_slu
     ("logger", "include_slurm", "task"),
     [choice if choice in QUICK_IN_CI else pytest.param(*choice, marks=pytest.mark.full) for choice in CHOICES],
 )
-def test_every_choice_passes_its_quick_tests(tmp_path: Path, logger: str, include_slurm: str, task: str) -> None:
+def test_every_choice_passes_its_quick_tests(
+    tmp_path: Path, logger: str, include_slurm: str, task: str, request: pytest.FixtureRequest
+) -> None:
     project = bake(tmp_path, logger=logger, include_slurm=include_slurm, task=task)
-    quick = run([sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider"], cwd=project)
+    whole = request.config.getoption("markexpr", "") != "not full"  # scripts/test.sh --full
+    selection = [] if whole else MACHINERY_TESTS
+    quick = run(
+        [sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", *selection], cwd=project
+    )
     assert quick.returncode == 0, quick.stdout[-3000:] + quick.stderr[-2000:]
     assert " passed" in quick.stdout and not re.search(r"\b\d+ skipped\b", quick.stdout), quick.stdout[-500:]
 
