@@ -54,6 +54,7 @@ def run_benchmark(name: str, *args: str) -> str:
     return result.stdout
 
 
+@pytest.mark.matrix  # every benchmark of run.py once, tiny (minutes); CI runs two of them on their own below
 def test_run_quick_prints_one_table_and_writes_every_ratio_with_its_spread(tmp_path: Path) -> None:
     out = run_benchmark("run.py", "--quick", "--out", str(tmp_path / "latest.json"))
     report = json.loads((tmp_path / "latest.json").read_text())
