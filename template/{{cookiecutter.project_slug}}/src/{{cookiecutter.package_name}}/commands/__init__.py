@@ -21,6 +21,7 @@ that need it, so listing, validating and planning start without it.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable
 from importlib import import_module
 from importlib.util import find_spec
@@ -83,8 +84,11 @@ def load_command(name: str, table: dict[str, str] | None = None) -> Command:
 
 
 def first_line(error: Exception) -> str:
-    """jsonargparse's error in one line: its first (its messages span lines)."""
-    return str(error).strip().splitlines()[0]
+    """jsonargparse's error in one line (its messages span lines): its first, or for a value it refused
+    (`Parser key "x":` then why) the option and why."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [type(error).__name__]
+    refused = re.fullmatch(r'Parser key "([\w.]+)":', lines[0])
+    return f"--{refused.group(1)}: {lines[1]}" if refused and len(lines) > 1 else lines[0]
 
 
 def as_subcommand(prog: str, name: str, add_arguments: Callable[[ArgumentParser, str], None]) -> ArgumentParser:

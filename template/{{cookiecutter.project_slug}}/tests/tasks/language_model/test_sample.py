@@ -64,6 +64,7 @@ def test_checkpoint_of_token_file_data_has_no_tokenizer(tmp_path: Path) -> None:
     [
         (["--top_k", "0"], "--top_k 0 must be >= 1"),
         (["--max_new_tokens", "0"], "--max_new_tokens 0 must be in [1, 100,000]"),
+        (["--max_new_tokens", "1e20"], "--max_new_tokens: Expected a <class 'int'>. Got value: 1e+20"),
         (
             ["--max_new_tokens", "100000000000000000000"],
             "--max_new_tokens 100000000000000000000 must be in [1, 100,000]",
