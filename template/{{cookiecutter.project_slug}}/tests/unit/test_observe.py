@@ -29,16 +29,9 @@ from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.planner.hardware import gpu_model, peak_tflops
 from {{ cookiecutter.package_name }}.recipe.schema import LoggerConfig, TrainConfig
 from {{ cookiecutter.package_name }}.tasks import task_class, task_names
+from {{ cookiecutter.package_name }}.training.loggers import build_loggers, finish_loggers, log_config, wandb_offline
 from {{ cookiecutter.package_name }}.training.metrics_csv import MetricsCsv
-from {{ cookiecutter.package_name }}.training.monitor import (
-    Monitor,
-    Progress,
-    build_loggers,
-    finish_loggers,
-    log_config,
-    model_flops_utilization,
-    wandb_offline,
-)
+from {{ cookiecutter.package_name }}.training.monitor import Monitor, Progress, model_flops_utilization
 
 
 def test_mfu_is_achieved_model_flops_over_the_dense_peak() -> None:

@@ -11,7 +11,7 @@ from helpers import RECIPES, fail_with
 from lightning.fabric import Fabric
 
 from {{ cookiecutter.package_name }}.recipe.schema import ProfileConfig, Recipe
-from {{ cookiecutter.package_name }}.training.monitor import build_loggers, finish_loggers
+from {{ cookiecutter.package_name }}.training.loggers import build_loggers, finish_loggers
 from {{ cookiecutter.package_name }}.training.profiling import StepProfiler, step_ranges
 from {{ cookiecutter.package_name }}.training.stragglers import straggler_figures
 

@@ -1,7 +1,7 @@
 """The strategy families by name: `strategy.name` in a recipe selects one of these.
 
 A new family is one module implementing `TrainingStrategy` (strategies/base.py), a line below (or a
-`register` call), and, if it has options, a section in recipe/schema.py's StrategyConfig.
+`register` call), and, if it has options, a section in recipe/strategy_schema.py's StrategyConfig.
 """
 
 from __future__ import annotations

@@ -32,13 +32,8 @@ from ..strategies import TrainingStrategy
 from ..tasks import Task
 from ..tasks.base import end_model_step
 from .faults import fault_point, poison_loss
-from .monitor import (
-    Monitor,
-    finish_loggers,
-    log_config,
-    logger_location,
-    upload_final_weights,
-)
+from .loggers import finish_loggers, log_config, logger_location, upload_final_weights
+from .monitor import Monitor
 from .profiling import StepProfiler
 from .run import setup
 from .step_decision import Update, decide, nonfinite_loss_stop

@@ -33,7 +33,7 @@ from ..recipe.schema import Recipe
 from ..strategies import TrainingStrategy, strategy_for
 from ..tasks import Task, task_for
 from ..tasks.base import Benchmarks
-from .monitor import build_loggers, new_run_id
+from .loggers import build_loggers, new_run_id
 from .optim import build_optimizer, build_scheduler
 
 
