@@ -22,10 +22,10 @@ EP = "--strategy.fsdp2.expert_parallel_size"
 def test_received_rows_are_ordered_by_local_expert_then_source_rank() -> None:
     # Two source ranks, two local experts: rank 0 sends 1 row to expert 0 and 2 to expert 1, rank 1 sends 2 and 1.
     # They arrive as [r0e0 | r0e1 r0e1 | r1e0 r1e0 | r1e1].
-    order, counts = expert_order(torch.tensor([[1, 2], [2, 1]]))
+    order, counts = expert_order(torch.tensor([[1, 2], [2, 1]]), rows=6)
     assert order.tolist() == [0, 3, 4, 1, 2, 5]
     assert counts.tolist() == [3, 3]
-    order, counts = expert_order(torch.tensor([[0, 3], [2, 0]]))  # an expert or a rank with none
+    order, counts = expert_order(torch.tensor([[0, 3], [2, 0]]), rows=5)  # an expert or a rank with none
     assert order.tolist() == [3, 4, 0, 1, 2] and counts.tolist() == [2, 3]
     rows = torch.arange(5)
     assert torch.equal(rows[order][torch.argsort(order)], rows)  # the way back restores the arrival order

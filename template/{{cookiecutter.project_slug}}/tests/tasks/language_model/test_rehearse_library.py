@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import fail_with, run_cli
+from helpers import RECIPES, fail_with, run_cli
 
 from {{ cookiecutter.package_name }}.recipe.library import recipes_on
 
@@ -105,3 +105,22 @@ def test_a_tensor_parallel_size_the_heads_do_not_divide_is_refused_before_any_ra
     overrides: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert says in fail_with(["rehearse", "llama-70b-pp-fsdp2-tp-multinode", *overrides], capsys)
+
+
+@pytest.mark.slow
+def test_a_mixture_of_experts_under_expert_parallel_rehearses_with_balanced_routing() -> None:
+    # Routing is in the values, which fake tensors do not carry: a rehearsal routes every rank's pairs evenly over the
+    # experts (what load balancing aims at), so each all-to-all moves all of a rank's tokens x top_k rows.
+    from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
+
+    recipe = parse_recipe(["--config", str(RECIPES / "cpu-moe-debug.yaml")])
+    rehearsal = rehearsed("cpu-moe-debug", [1])
+    (rank,) = rehearsal["ranks"]
+    for held in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
+        assert rank[held] == rehearsal["plan"][held], held
+    model, micro_batches = recipe.model, recipe.train.grad_accum_steps
+    rows = recipe.train.micro_batch_size * model.block_size * model.moe.top_k
+    # Per layer and micro-batch: the counts exchanged once; the rows out and back in forward, again in backward.
+    assert rank["collectives"]["alltoall"] == model.n_layer * micro_batches
+    assert rank["collectives"]["all_to_all_single"] == 4 * model.n_layer * micro_batches
+    assert rank["collective_bytes"]["all_to_all_single"] == 4 * model.n_layer * micro_batches * rows * model.n_embd * 4

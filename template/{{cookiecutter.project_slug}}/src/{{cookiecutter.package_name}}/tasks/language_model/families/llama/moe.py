@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
@@ -70,17 +71,39 @@ def capacity(tokens: int, config: MoeConfig) -> int | None:
     return math.ceil(config.capacity_factor * tokens * config.top_k / config.num_experts)
 
 
+def expert_counts(chosen: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Pairs routed to each expert: (num_experts,) int64. A scatter-add rather than bincount, whose output's length
+    depends on the values (so a rehearsal's fake tensors could not carry it); integer adds, so deterministic."""
+    return chosen.new_zeros(num_experts, dtype=torch.int64).scatter_add_(
+        0, chosen, torch.ones_like(chosen, dtype=torch.int64)
+    )
+
+
+def host_counts(counts: torch.Tensor, total: int) -> list[int]:
+    """`counts` read on the host. In a rehearsal (training/rehearsal.py: fake tensors, which carry no values) `total`
+    split evenly instead: the balanced routing load balancing aims at, so a rehearsal measures a balanced step."""
+    if not is_fake(counts):
+        return counts.tolist()
+    share, extra = divmod(total, counts.numel())
+    return [share + (part < extra) for part in range(counts.numel())]
+
+
 def dispatch(x: torch.Tensor, routing: Routing, num_experts: int, limit: int | None) -> Dispatched:
     """Sort the (token, expert) pairs by expert (stably: within an expert, in token order) and keep the first `limit`
     of each expert (all when None). x: (tokens, n_embd)."""
     chosen = routing.experts.reshape(-1)
     order = torch.argsort(chosen, stable=True)
-    counts = torch.bincount(chosen, minlength=num_experts)
+    counts = expert_counts(chosen, num_experts)
     dropped = counts.new_zeros(())
     if limit is not None:
         starts = counts.cumsum(0) - counts
         place = torch.arange(order.numel(), device=order.device) - starts[chosen[order]]
-        order = order[place < limit]
+        # Which pairs fit is in the values; a rehearsal's balanced routing keeps an even share of each expert's.
+        order = (
+            order[: num_experts * min(limit, -(-order.numel() // num_experts))]
+            if is_fake(order)
+            else order[place < limit]
+        )
         kept = counts.clamp(max=limit)
         dropped = (counts - kept).sum()
         counts = kept
@@ -104,7 +127,12 @@ def grouped_mm_runs(x: torch.Tensor, *weights: torch.Tensor) -> bool:
     aligned = all(size * x.element_size() % 16 == 0 for w in weights for size in w.shape[1:])
     if x.device.type == "cuda":
         return aligned and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9
-    return aligned and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
+    # A rehearsal's fake tensors take the kernel's GPU rule (bf16 only) on any device.
+    return (
+        aligned
+        and x.device.type == "cpu"
+        and x.dtype in ((torch.bfloat16,) if is_fake(x) else (torch.float32, torch.bfloat16))
+    )
 
 
 def grouped_experts(
@@ -122,7 +150,7 @@ def looped_experts(
 ) -> torch.Tensor:
     """The same as `grouped_experts`, one expert at a time (reads the counts on the host)."""
     outputs = []
-    for expert, rows in enumerate(x.split(counts.tolist())):
+    for expert, rows in enumerate(x.split(host_counts(counts, x.shape[0]))):
         hidden = F.silu(rows @ gate[expert].T) * (rows @ up[expert].T)
         outputs.append(hidden @ down[expert].T)
     return torch.cat(outputs)
@@ -151,11 +179,13 @@ class Experts(nn.Module):
         return looped_experts(x, counts, *weights)
 
 
-def expert_order(received: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def expert_order(received: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows received by all-to-all arrive by source rank, then local expert (`received`: (ranks, local experts)
-    counts): the permutation that sorts them by local expert, then source rank, and the rows per local expert."""
+    counts, `rows` of them in all): the permutation that sorts them by local expert, then source rank, and the rows
+    per local expert."""
     ranks, local = received.shape
-    segment = torch.arange(ranks * local, device=received.device).repeat_interleave(received.reshape(-1))
+    segments = torch.arange(ranks * local, device=received.device)
+    segment = segments.repeat_interleave(received.reshape(-1), output_size=rows)
     expert_major = (segment % local) * ranks + segment // local
     return torch.argsort(expert_major, stable=True), received.sum(dim=0)
 
@@ -168,9 +198,11 @@ def exchange(experts: Experts, sent: Dispatched, group: dist.ProcessGroup) -> to
     send = sent.counts.view(dist.get_world_size(group), -1)  # (destination rank, its local expert)
     received = torch.empty_like(send)
     dist.all_to_all_single(received, send, group=group)  # (source rank, my local expert)
-    send_splits, receive_splits = send.sum(dim=1).tolist(), received.sum(dim=1).tolist()
+    # A rehearsal's balanced routing: each rank sends and receives an even share of its rows.
+    send_splits = host_counts(send.sum(dim=1), sent.rows.shape[0])
+    receive_splits = host_counts(received.sum(dim=1), sent.rows.shape[0])
     rows = all_to_all_single_autograd(sent.rows, receive_splits, send_splits, group)
-    order, counts = expert_order(received)
+    order, counts = expert_order(received, rows.shape[0])
     outputs = experts(rows[order], counts)[torch.argsort(order)]
     return all_to_all_single_autograd(outputs, send_splits, receive_splits, group)
 
@@ -231,7 +263,7 @@ class MoE(nn.Module):
         out = combine(outputs, sent, tokens, top_k).to(x.dtype)
         if self.shared is not None:
             out = out + self.shared(flat)
-        loads = torch.bincount(routing.experts.reshape(-1), minlength=self.config.num_experts)
+        loads = expert_counts(routing.experts.reshape(-1), self.config.num_experts)
         probabilities = routing.probabilities.detach()
         entropy = -(probabilities * probabilities.clamp(min=1e-20).log()).sum(-1).mean()
         # Overwritten, not added: a checkpointed block's recomputation in backward records the same again.
