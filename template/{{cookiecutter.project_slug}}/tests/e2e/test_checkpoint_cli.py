@@ -5,7 +5,9 @@ The machinery's own test: it trains the toy task (tests/toy_task/), so it runs i
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -82,6 +84,32 @@ def test_damaged_newest_checkpoint_is_skipped_with_a_warning(run_dir: Path, tmp_
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "skipping incomplete checkpoint" in resumed.stderr and "step-00000012" in resumed.stderr
     assert f"Resumed from {older} at step {int(older.name.split('-')[1])}" in resumed.stdout
+
+
+@pytest.mark.slow
+def test_auto_saving_measures_the_first_save_then_saves_every_sqrt_2_c_m(tmp_path: Path, toy_source: Path) -> None:
+    """save_every_minutes=auto on 2 processes: a save after step 1, the interval from the slowest rank's cost of it
+    (the last rank sleeps 0.2 s a step, so saves fall between steps), then saves by that interval alone."""
+    mtbf_hours = 0.0001  # 0.36 s: an interval of a fraction of a second for the toy's quick saves
+    schedule = ["--checkpoint.save_every_steps", "0", "--checkpoint.save_every_minutes", "auto"]
+    steps = ["--eval.every_steps", "0", "--train.max_steps", "16", "--checkpoint.mtbf_hours", str(mtbf_hours)]
+    result = run_cli(*toy_train_args(tmp_path, *steps, *schedule), source=toy_source, fault="slow-rank:1:0.2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("Checkpoint interval: every ") == 1, result.stdout
+
+    rows = read_csv_metrics(tmp_path)
+    chosen = [row for row in rows if row.get("checkpoint/interval_minutes")]
+    assert [int(row["step"]) for row in chosen] == [1]  # chosen once, by the first save
+    interval = 60 * float(chosen[0]["checkpoint/interval_minutes"])
+    rank0_first_save = float(chosen[0]["time/checkpoint_save_seconds"])
+    assert interval >= math.sqrt(2 * rank0_first_save * 3600 * mtbf_hours) * 0.999  # the slowest rank's, at least
+
+    saved = sorted(int(path.name.split("-")[1]) for path in (tmp_path / "checkpoints").iterdir())
+    assert saved[0] == 1 and saved[-1] == 16 and len(saved) >= 4  # besides the first and the last: by time
+    # A step's row is logged before its save: between two timed saves' rows at least the interval passed.
+    logged = {int(row["step"]): float(row["time/unix_time"]) for row in rows if row.get("time/unix_time")}
+    between = [logged[later] - logged[earlier] for earlier, later in itertools.pairwise(saved[:-1])]
+    assert min(between) >= interval, (saved, between, interval)
 
 
 def test_commands_refuse_a_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,8 +27,9 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from lightning.fabric import Fabric
@@ -53,18 +54,49 @@ from .rng import rng_state
 # Called on the rank that makes a checkpoint visible, once its tensors are written and before meta.json and the
 # rename: (step, the run's out_dir). training/faults.py adds its kill-in-save point here (this layer knows no loop).
 WRITTEN_HOOKS: list[Callable[[int, str], None]] = []
+AUTO = "auto"  # checkpoint.save_every_minutes: the interval chosen from the run's own save cost
+
+
+@dataclass(frozen=True)
+class ChosenInterval:
+    """What save_every_minutes=auto chose after the run's first save: every rank's the same."""
+
+    save_seconds: float  # what the first save blocked the slowest rank for
+    mtbf_seconds: float
+    interval_seconds: float
+
+    def line(self) -> str:
+        """The line a run prints when it chooses."""
+        return (
+            f"Checkpoint interval: every {self.interval_seconds:.4g} s = {self.interval_seconds / 60:.3g} min"
+            f" (save_every_minutes=auto: sqrt(2 x save x MTBF), a save blocks {self.save_seconds:.3g} s, MTBF"
+            f" {self.mtbf_seconds / 3600:g} h)"
+        )
 
 
 class Checkpointer:
     """Saves a run's checkpoints on schedule (steps, wall time, end), keeps the newest K, optionally in the background."""
 
-    def __init__(self, fabric: Fabric, recipe: Recipe, provenance: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        fabric: Fabric,
+        recipe: Recipe,
+        provenance: dict[str, Any] | None = None,
+        interval_rule: Callable[[float, float], float] | None = None,
+    ) -> None:
+        """`interval_rule`: (seconds a save blocks, mean seconds between failures) -> seconds between saves, for
+        save_every_minutes=auto (planner/interval.py's, passed down by the loop)."""
         self.fabric = fabric
         self.provenance = provenance  # what made the run (provenance.py): code, versions, hosts, launcher
         self.recipe = recipe
         self.config = recipe.checkpoint
         self.root = checkpoint_root(recipe)
         self._last_save_time = time.monotonic()
+        self._interval_rule = interval_rule
+        minutes = self.config.save_every_minutes
+        # auto: 0 until chosen, so the first step saves and its cost is measured.
+        self.interval_seconds = 0.0 if minutes == AUTO else 60 * float(minutes)
+        self.chosen: ChosenInterval | None = None  # set by the save that chose the interval (auto), else None
         self._pending: Future[None] | None = None  # a background save, until written and made visible
         self._process_group: Any = None
         self._stager: Any = None
@@ -76,9 +108,9 @@ class Checkpointer:
             self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-finish")
 
     def time_is_up(self) -> bool:
-        """Whether save_every_minutes have passed on this rank's clock since the last save (ranks then agree)."""
-        minutes = self.config.save_every_minutes
-        return bool(minutes) and time.monotonic() - self._last_save_time >= 60 * minutes
+        """Whether the time-based interval has passed on this rank's clock since the last save (ranks then agree)."""
+        timed = self.config.save_every_minutes == AUTO or bool(self.interval_seconds)
+        return timed and time.monotonic() - self._last_save_time >= self.interval_seconds
 
     def due(self, step: int, time_is_up_on_some_rank: bool) -> bool:
         """Whether to save after this step; the same answer on every rank when its argument is (step_sync.agree)."""
@@ -120,7 +152,22 @@ class Checkpointer:
                 self._finish(partial, meta, self._hash_shares(partial, group=None))
                 self.fabric.barrier()
         self._last_save_time = time.monotonic()
-        return time.perf_counter() - start
+        blocked = time.perf_counter() - start
+        self.chosen = None
+        if self.config.save_every_minutes == AUTO and not self.interval_seconds:
+            self.chosen = self._choose_interval(blocked)
+            self.interval_seconds = self.chosen.interval_seconds
+        return blocked
+
+    def _choose_interval(self, blocked: float) -> ChosenInterval:
+        """save_every_minutes=auto, after the first save: the interval from the slowest rank's save cost, the same on
+        every rank (each then counts it on its own clock, and the step decision takes the first rank whose is up)."""
+        if self._interval_rule is None or self.config.mtbf_hours is None:  # recipe/checks.py refuses auto without
+            raise ValueError("save_every_minutes=auto needs an interval rule and checkpoint.mtbf_hours")
+        measured = torch.tensor([blocked], device=self.fabric.device)
+        slowest = float(cast(torch.Tensor, self.fabric.all_reduce(measured, reduce_op="max")).item())
+        mtbf = 3600 * self.config.mtbf_hours
+        return ChosenInterval(slowest, mtbf, self._interval_rule(slowest, mtbf))
 
     def poll(self) -> None:
         """Raise the error of a background save that failed, without blocking (call every step).

@@ -7,6 +7,10 @@ built on the meta device here, one step of the recipe on one rank without shardi
 the recipe it is about to write, rank by rank as `rehearse` does, and writes it only when every rank builds, steps and
 peaks within the device's memory.
 
+`--mtbf 8h` adds the checkpoint interval that maximises goodput for the recommended layout and the expected goodput
+(planner/interval.py): from the save cost a previous run measured (`--from_run OUT_DIR`), else from the bytes a rank
+writes at `--write_gb_s`; `--write` puts it in the recipe as checkpoint.save_every_minutes.
+
 Its own options are split from the recipe overrides (recipe/load.py's `split_command_line`): every recipe
 field is an override too (`--model.n_layer 48`, `--devices 8`).
 """
@@ -30,6 +34,7 @@ from ..tasks import task_for
 from . import first_line
 
 if TYPE_CHECKING:  # plan imports every strategy family: only when planning
+    from ..planner.interval import IntervalPlan, SaveCost
     from ..planner.measured import MeasuredCost
     from ..planner.plan import Device, Plan
     from ..tasks import Task
@@ -48,12 +53,29 @@ PLAN_DEFAULTS = [
     f"--{field_path(TrainConfig, 'micro_batch_size')}",
     "1",
 ]
-PLAN_FLAGS = ("--parameters", "--gpu", "--gpu_memory_gib", "--interconnect", "--margin", "--host_memory_gib", "--write")
+PLAN_FLAGS = (
+    "--parameters",
+    "--gpu",
+    "--gpu_memory_gib",
+    "--interconnect",
+    "--margin",
+    "--host_memory_gib",
+    "--write",
+    "--mtbf",
+    "--restart",
+    "--from_run",
+    "--write_gb_s",
+)
+NO_INTERVAL = (
+    "Checkpoint interval: not estimated: nothing fits, so no rank's bytes to write (--from_run gives measured saves)"
+)
+SAVE_SECONDS = "time/checkpoint_save_seconds"  # what a run logs of each save (training/monitor.py)
 
 
 def add_arguments(parser: ArgumentParser, prog: str) -> None:
     """`plan`'s own options; every recipe field is an override as well (`--model.n_layer 48`, `--devices 8`)."""
     from ..planner.hardware import GPUS, INTERCONNECTS
+    from ..planner.interval import DEFAULT_RESTART, DEFAULT_WRITE_GB_S
 
     parser.description = (
         "Memory per device, communication and a step-time bound of every strategy, and the one to pick."
@@ -70,6 +92,14 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
     parser.add_argument("--host_memory_gib", type=float, default=None, help="Host RAM per node, for CPU offload.")
     parser.add_argument("--write", default=None, help="Write the recommended recipe to this file.")
     parser.add_argument("--json", action="store_true", help="Print the plan as JSON (its fields: docs/strategies.md).")
+    parser.add_argument("--mtbf", default=None, help="Mean time between failures (8h, 90m, 3600s): adds the interval.")
+    parser.add_argument(
+        "--restart", default=None, help=f"Time a restart takes, for goodput (default {DEFAULT_RESTART})."
+    )
+    parser.add_argument("--from_run", default=None, help="A run's out_dir: the save cost its CSV metrics measured.")
+    parser.add_argument(
+        "--write_gb_s", type=float, default=None, help=f"Write GB/s per rank (default {DEFAULT_WRITE_GB_S:g})."
+    )
 
 
 def rehearse_one_rank(recipe: Recipe, checkpointing: bool) -> dict[str, Any]:
@@ -163,11 +193,75 @@ def rehearsed_before_writing(text: str, target: Path, device: Device) -> str:
     return f"rehearsed ranks {', '.join(str(rank) for rank in ranks)}: peak {size(peak)} of {size(memory)}"
 
 
-def write_plan(result: Plan, recipe: Recipe, name: str | None, target: Path, device: Device, prog: str) -> str:
+def measured_save_cost(out_dir: str) -> SaveCost:
+    """The save cost a run measured: the seconds its saves blocked training, from the CSV metrics under `out_dir`."""
+    from ..planner.interval import measured_save
+    from .report import read_segments
+
+    try:
+        segments = read_segments(Path(out_dir))
+    except RecipeError as error:
+        raise RecipeError(f"--from_run {out_dir}: {str(error).removeprefix('report: ')}") from None
+    seconds = [value for segment in segments for _, value, _ in segment.series.get(SAVE_SECONDS, [])]
+    if not seconds:
+        raise RecipeError(f"--from_run {out_dir}: its CSV metrics hold no {SAVE_SECONDS} (it saved no checkpoint yet)")
+    return measured_save(seconds, out_dir)
+
+
+def checkpoint_interval(result: Plan, recipe: Recipe, options: Any, measured: SaveCost | None) -> IntervalPlan | None:
+    """The interval for `--mtbf`: from the run's measured saves, else from the bytes a rank of the recommended layout
+    writes; None when there is neither (nothing fits)."""
+    from ..planner.interval import (
+        DEFAULT_RESTART,
+        DEFAULT_WRITE_GB_S,
+        checkpoint_bytes_per_rank,
+        estimated_save,
+        interval_plan,
+        parse_duration,
+    )
+
+    best = result.recommended
+    cost = measured
+    if cost is None and best is not None and best.sizes is not None:
+        per_rank = checkpoint_bytes_per_rank(best.sizes, best.candidate.option.stage)
+        cost = estimated_save(per_rank, recipe.checkpoint.async_save, options.write_gb_s or DEFAULT_WRITE_GB_S)
+    if cost is None:
+        return None
+    restart = parse_duration(options.restart or DEFAULT_RESTART, "--restart")
+    return interval_plan(cost, parse_duration(options.mtbf, "--mtbf"), restart)
+
+
+def check_interval_options(options: Any) -> SaveCost | None:
+    """Refuse bad --mtbf, --restart, --from_run and --write_gb_s values before anything is measured; the save cost
+    --from_run names, if any."""
+    from ..planner.interval import parse_duration
+
+    if options.mtbf is None:
+        given = [flag for flag in ("restart", "from_run", "write_gb_s") if getattr(options, flag) is not None]
+        if given:
+            raise RecipeError(f"--{given[0]} needs --mtbf: the mean time between failures the interval is chosen for")
+        return None
+    parse_duration(options.mtbf, "--mtbf")
+    if options.restart is not None:
+        parse_duration(options.restart, "--restart")
+    if options.write_gb_s is not None and not options.write_gb_s > 0:
+        raise RecipeError(f"--write_gb_s={options.write_gb_s:g} must be > 0")
+    return measured_save_cost(options.from_run) if options.from_run else None
+
+
+def write_plan(
+    result: Plan,
+    recipe: Recipe,
+    name: str | None,
+    target: Path,
+    device: Device,
+    prog: str,
+    interval: IntervalPlan | None = None,
+) -> str:
     """Write the recommended recipe to `target` once its rehearsal passes (`rehearsed_before_writing`); the line that
     says so. It starts from the planned recipe (file and overrides: its task, model, data, train and the rest), or
     without one from a library recipe of the recommended layout, and takes plan's layout, precision, micro batch and
-    strategy."""
+    strategy, and the checkpoint interval when one was planned (`--mtbf`)."""
     from ..planner.report import library_recipe, written_recipe
 
     if result.recommended is None:
@@ -182,6 +276,9 @@ def write_plan(result: Plan, recipe: Recipe, name: str | None, target: Path, dev
         path = find_recipe(start) if start else recipe_for_layout(inputs.cpu, inputs.num_nodes > 1)
         base = yaml.safe_load(path.read_text())
     recipe_dict = written_recipe(base, dataclasses.asdict(recipe.model), result)
+    if interval is not None:  # in minutes, as the recipe takes it
+        interval_minutes = max(0.01, round(interval.interval_seconds / 60, 2))
+        recipe_dict.setdefault("checkpoint", {})["save_every_minutes"] = interval_minutes
     text = f"# Written by `{prog} plan`: {result.reason}\n" + yaml.safe_dump(recipe_dict, sort_keys=False)
     said = rehearsed_before_writing(text, target, device)
     try:
@@ -197,6 +294,7 @@ def run(argv: list[str], prog: str) -> None:
     import sys
 
     from ..planner.hardware import INTERCONNECTS
+    from ..planner.interval import render_interval
     from ..planner.measured import NOT_ESTIMATED, estimated
     from ..planner.plan import CANDIDATES, plan, plan_inputs
     from ..planner.report import render, to_json
@@ -218,6 +316,7 @@ def run(argv: list[str], prog: str) -> None:
         raise RecipeError(f"--margin={options.margin:g} must be in [0, 1): the fraction of device memory kept free")
     if options.write and Path(options.write).exists():  # before any measuring
         raise RecipeError(f"--write {options.write}: the file exists (choose another name)")
+    measured_save = check_interval_options(options)
     base = ["--config", str(find_recipe(name))] if name else list(PLAN_DEFAULTS)
     if options.parameters and not name:  # a bare count: plan it on the task's nearest reference shape
         task = task_for(parse_recipe([*base, *overrides], f"{prog} plan"))
@@ -248,10 +347,16 @@ def run(argv: list[str], prog: str) -> None:
             result = plan(dataclasses.replace(inputs, cost=with_checkpointing_measured(recipe, measured)))
         # The candidates a measurement does not estimate are left out of the table.
         result = dataclasses.replace(result, estimates=[e for e in result.estimates if estimated(e.candidate.option)])
+    interval = checkpoint_interval(result, recipe, options, measured_save) if options.mtbf else None
     if options.json:
-        print(json.dumps(to_json(result), indent=2))
+        planned = to_json(result)
+        if options.mtbf:  # null when nothing fits and no run measured a save
+            planned["checkpoint_interval"] = interval.to_json() if interval else None
+        print(json.dumps(planned, indent=2))
     else:
         print(render(result))
+        if options.mtbf:
+            print(render_interval(interval) if interval else NO_INTERVAL)
     if options.write:
-        wrote = write_plan(result, recipe, name, Path(options.write), device, prog)
+        wrote = write_plan(result, recipe, name, Path(options.write), device, prog, interval)
         print(wrote, file=sys.stderr if options.json else sys.stdout)

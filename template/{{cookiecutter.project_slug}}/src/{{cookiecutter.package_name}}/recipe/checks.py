@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import RecipeError
 from ..precision import BF16_CAPABILITY, GPU_ONLY
 from .registry import STRATEGIES, strategy_for, task_for
-from .schema import STRATEGY_SECTIONS, Recipe, TrainConfig
+from .schema import STRATEGY_SECTIONS, CheckpointConfig, Recipe, TrainConfig, field_path
 from .typecheck import check_values
 
 
@@ -50,6 +50,12 @@ def _check_relations(recipe: Recipe) -> None:
         )
     if recipe.checkpoint.resume is not None and not recipe.checkpoint.resume.strip():
         raise RecipeError("checkpoint.resume must be null, auto, or a checkpoint path")
+    if recipe.checkpoint.save_every_minutes == "auto" and recipe.checkpoint.mtbf_hours is None:
+        raise RecipeError(
+            f"{field_path(CheckpointConfig, 'save_every_minutes')}=auto needs"
+            f" {field_path(CheckpointConfig, 'mtbf_hours')}: the job's mean time between failures in hours (such as"
+            " 8), or give save_every_minutes a number"
+        )
 
 
 # More steps than this in one run make traces too large to open.

@@ -115,6 +115,11 @@ class CheckpointConfig:
     Args:
         save_every_steps: Save every this many steps (and always at the end); 0 disables step-based saving.
         save_every_minutes: Also save when this many minutes of wall time passed since the last save; 0 disables.
+            auto: save once after the first step, measure what that save blocked training for (C, the slowest
+            rank's), then save every sqrt(2 C M) of wall time, M being checkpoint.mtbf_hours (Young's interval:
+            it maximises goodput; `plan --mtbf` prints it before a run).
+        mtbf_hours: The job's mean time between failures, in hours: what save_every_minutes=auto weighs the
+            save cost against (null: not known, and auto is refused).
         keep_last: Keep only the newest K complete checkpoints; 0 keeps all.
         async_save: Write sharded checkpoints in the background (fsdp2 only); the loop blocks only for
             the copy to host memory, and the next save or the end of training waits for the previous one.
@@ -133,7 +138,8 @@ class CheckpointConfig:
     """
 
     save_every_steps: int = field(default=50, metadata=bounds(at_least=0))
-    save_every_minutes: float = field(default=0.0, metadata=bounds(at_least=0))
+    save_every_minutes: float | Literal["auto"] = field(default=0.0, metadata=bounds(at_least=0))
+    mtbf_hours: float | None = field(default=None, metadata=bounds(above=0))
     keep_last: int = field(default=0, metadata=bounds(at_least=0))
     async_save: bool = False
     resume: str | None = None

@@ -26,6 +26,7 @@ from ..cluster.lifecycle import end_with_launcher
 from ..cluster.preemption import Preemption
 from ..data.sampler import Batch
 from ..errors import RecipeError, TrainingStopped, refuse_dashed_options, run_command
+from ..planner.interval import young_interval
 from ..recipe.load import parse_recipe
 from ..recipe.schema import Recipe
 from ..strategies import TrainingStrategy
@@ -59,7 +60,7 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
     monitor = Monitor(
         fabric, recipe, state["step"], run.batches.global_batch_size, task.unit, units_per_sample, task.flops_per_unit()
     )
-    checkpointer = Checkpointer(fabric, recipe, run.provenance)
+    checkpointer = Checkpointer(fabric, recipe, run.provenance, interval_rule=young_interval)
     profiler = StepProfiler(fabric, recipe)  # only in the steps of profile.steps
     decision = None
     model.train()
@@ -124,7 +125,7 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
         checkpointer.poll()
         if checkpointer.due(step, decision.save_due) or decision.preempted:
             seconds = checkpointer.save(state)
-            monitor.log_checkpoint(step, checkpointer.root / f"step-{step:08d}", seconds=seconds)
+            monitor.log_checkpoint(step, checkpointer.root / f"step-{step:08d}", seconds, checkpointer.chosen)
         fault_point("step-end", step, recipe.out_dir)  # only under TRAIN_FAULT (tests)
         if decision.preempted:
             break

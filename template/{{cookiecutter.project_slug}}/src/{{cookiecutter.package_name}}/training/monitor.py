@@ -10,6 +10,7 @@ terminal, one plain line per interval in a cluster log).
     memory/peak_allocated_gib, memory/peak_reserved_gib (GPU), memory/host_peak_rss_gib (max over ranks)
     time/step_seconds, time/data_wait_seconds (per step, max over ranks), time/data_wait_fraction, time/unix_time,
         time/checkpoint_save_seconds, time/validation_seconds
+    checkpoint/interval_minutes once, when checkpoint.save_every_minutes=auto chooses it (checkpoint/io.py)
     stragglers/... each rank's own step time and data wait, the slowest named (training/stragglers.py)
     val/<name> for each of the task's validation figures (val/loss, val/perplexity for a language model)
     the model's own figures of the step, by the names it gives (a mixture of experts' moe/...: tasks/base.py)
@@ -32,6 +33,7 @@ import torch
 from lightning.fabric import Fabric
 from tqdm import tqdm
 
+from ..checkpoint.io import ChosenInterval
 from ..planner.hardware import peak_tflops
 from ..recipe.schema import Recipe
 from .memory import memory_gib
@@ -247,11 +249,17 @@ class Monitor:
         shown = " | ".join(f"{prefix}_{name} {value:.4f}" for name, value in results.items())
         self.progress.write(f"step {step}/{self.max_steps} | {shown}")
 
-    def log_checkpoint(self, step: int, path: Path, seconds: float) -> None:
-        """Log how long a checkpoint took to save; its time does not count against throughput."""
+    def log_checkpoint(self, step: int, path: Path, seconds: float, chosen: ChosenInterval | None = None) -> None:
+        """Log how long a checkpoint took to save (its time does not count against throughput), and the interval
+        that save chose (save_every_minutes=auto) when it chose one."""
         self._excluded_seconds += seconds
-        self.fabric.log_dict({"time/checkpoint_save_seconds": seconds}, step=step)
+        metrics = {"time/checkpoint_save_seconds": seconds}
+        if chosen is not None:
+            metrics["checkpoint/interval_minutes"] = chosen.interval_seconds / 60
+        self.fabric.log_dict(metrics, step=step)
         self.progress.write(f"Saved checkpoint {path} in {seconds:.1f}s")
+        if chosen is not None:
+            self.progress.write(chosen.line())
 
     def exclude(self, seconds: float) -> None:
         """Leave time spent on something other than training (writing a profiler trace) out of the figures."""
