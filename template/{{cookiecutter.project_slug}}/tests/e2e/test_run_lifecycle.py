@@ -1,6 +1,6 @@
 """Real 2-process runs: a second run in a busy out_dir is refused and the first goes on intact; a SIGKILLed launcher
-leaves no rank behind and its lock to the next run; a stop signal during a step that never ends exits in bounded
-time."""
+leaves no rank behind and its lock to the next run; a stop signal to a rank blocked in a collective, and a rank
+that hangs without any signal, end the job in bounded time, requeued, keeping the newest complete checkpoint."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ from helpers import PACKAGE, child_processes, cli_env, process_alive, run_cli, t
 pytestmark = pytest.mark.slow
 
 
-def start_run(out_dir: Path, *overrides: str) -> tuple[subprocess.Popen, Path]:
-    """Start a 2-process training run in its own session; (the launcher process, its log file)."""
+def start_run(out_dir: Path, *overrides: str, fault: str = "") -> tuple[subprocess.Popen, Path]:
+    """Start a 2-process training run in its own session, with TRAIN_FAULT=`fault`; (the launcher, its log file)."""
     log = out_dir.with_name(out_dir.name + ".log")
     with log.open("w") as handle:
         process = subprocess.Popen(
             [sys.executable, "-m", PACKAGE, *train_args(out_dir, *overrides)],
-            env=cli_env(),
+            env={**cli_env(), "TRAIN_FAULT": fault},
             stdout=handle,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -74,27 +74,66 @@ def test_a_second_run_in_a_busy_out_dir_is_refused_and_a_killed_launcher_leaves_
     assert f"at step {newest}" in third.stdout and (out_dir / "checkpoints" / f"step-{newest + 2:08d}").is_dir()
 
 
-def test_a_stop_signal_during_a_step_that_never_ends_stops_the_run_at_the_deadline(tmp_path: Path) -> None:
-    out_dir = tmp_path / "run"
-    run, log = start_run(out_dir, "--train.grad_accum_steps", "1048576", "--checkpoint.stop_deadline_seconds", "3")
+def ended_with_its_ranks(run: subprocess.Popen, log: Path, ranks: list[int], within: float) -> float:
+    """Seconds the run took to end with every rank it started, failing after `within` seconds."""
+    started = time.monotonic()
     try:
-        wait_for(lambda: "starting from step 0" in log.read_text(), "the first step", run, log)
-        ranks = child_processes(run.pid)
-        time.sleep(1)
-        signalled = time.monotonic()
-        run.send_signal(signal.SIGTERM)  # to rank 0 only: the other rank learns nothing until the step ends
-        run.wait(timeout=60)
+        run.wait(timeout=within)
     finally:
         if run.poll() is None:
             run.kill()
-    assert run.returncode == 75, log.read_text()[-3000:]
-    assert time.monotonic() - signalled < 30
-    assert "stopped: no step boundary within 3 s of SIGTERM: exiting without saving" in log.read_text()
-    assert not list((out_dir / "checkpoints").glob("step-*"))
-    deadline = time.monotonic() + 15
-    while any(process_alive(rank) for rank in ranks) and time.monotonic() < deadline:
+    while any(process_alive(rank) for rank in ranks) and time.monotonic() - started < within:
         time.sleep(0.1)
-    assert ranks and not any(process_alive(rank) for rank in ranks)
+    assert ranks and not any(process_alive(rank) for rank in ranks), "a rank outlived the run"
+    assert run.returncode == 75, log.read_text()[-3000:]
+    return time.monotonic() - started
+
+
+def test_a_stop_signal_to_a_rank_blocked_in_a_collective_ends_the_job_at_the_deadline_keeping_the_last_checkpoint(
+    tmp_path: Path,
+) -> None:
+    from {{ cookiecutter.package_name }}.checkpoint.layout import find_latest, problem_with
+
+    out_dir = tmp_path / "run"
+    run, log = start_run(
+        out_dir, "--train.max_steps", "100", "--checkpoint.save_every_steps", "2", "--eval.every_steps", "0",
+        "--checkpoint.stop_deadline_seconds", "3", "--checkpoint.hang_timeout_minutes", "0",
+        fault="hang-in-phase:3:step-decision",
+    )  # fmt: skip
+    checkpoints = out_dir / "checkpoints"
+    wait_for(lambda: (checkpoints / "step-00000002").is_dir(), "a checkpoint", run, log)
+    ranks = child_processes(run.pid)
+    time.sleep(2)  # rank 0 waits in the step decision's all_reduce (in C, in gloo) for rank 1, which hangs
+    run.send_signal(signal.SIGTERM)  # to rank 0 only: a Python signal handler would run only once the collective ends
+    assert ended_with_its_ranks(run, log, ranks, within=3 + 10) >= 3
+    assert "stopped: no step boundary within 3 s of SIGTERM: exiting without saving" in log.read_text()
+    assert find_latest(checkpoints) == checkpoints / "step-00000002" and problem_with(find_latest(checkpoints)) is None
+
+
+@pytest.mark.matrix
+def test_a_rank_hung_in_a_save_is_named_and_the_job_requeued_from_the_previous_checkpoint(tmp_path: Path) -> None:
+    out_dir = tmp_path / "run"
+    args = (
+        "--checkpoint.save_every_steps",
+        "2",
+        "--eval.every_steps",
+        "0",
+        "--checkpoint.hang_timeout_minutes",
+        "0.05",
+    )
+    run, log = start_run(out_dir, "--train.max_steps", "100", *args, fault="hang-in-phase:4:checkpoint-save")
+    wait_for(lambda: "starting from step 0" in log.read_text(), "the first step", run, log)
+    ranks = child_processes(run.pid)
+    ended_with_its_ranks(run, log, ranks, within=300)  # 12 s in a save (4 times the 3 s of a step's phase)
+    # Rank 0 waits for rank 1 in the save's barrier: both are stuck, whichever watchdog fires first names itself.
+    said = r"hang: rank [01] made no progress for 1\d s in phase checkpoint-save of step 4 \(checkpoint.hang_timeout_minutes=0.05\)"
+    assert re.search(said, log.read_text()), log.read_text()[-3000:]
+    assert "Thread 0x" in log.read_text()  # the ranks' Python stacks
+    checkpoints = out_dir / "checkpoints"
+    assert sorted(path.name for path in checkpoints.iterdir()) == ["step-00000002", "step-00000004.partial"]
+    resumed = run_cli(*train_args(out_dir, "--train.max_steps", "6", *args))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "at step 2" in resumed.stdout and (checkpoints / "step-00000006").is_dir()
 
 
 @contextmanager

@@ -26,6 +26,34 @@ while True:
     time.sleep(0.01)
 """
 
+# The same, its main thread blocked in C for good, as in a collective waiting on a peer: CPython runs no Python
+# signal handler there. Relocking a default pthread mutex deadlocks, and pthread_mutex_lock never returns EINTR.
+BLOCKED_IN_C = """
+import ctypes, sys
+from {{ cookiecutter.package_name }}.cluster.preemption import Preemption
+preemption = Preemption(deadline_seconds=float(sys.argv[1]))
+libc = ctypes.CDLL(None)
+mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER
+libc.pthread_mutex_lock(mutex)
+print("ready", flush=True)
+libc.pthread_mutex_lock(mutex)
+"""
+
+# A loop that feeds the hang watchdog, then stops feeding it in the middle of a step.
+HANGS_IN_A_PHASE = """
+import sys, time
+from {{ cookiecutter.package_name }}.cluster.preemption import Preemption
+preemption = Preemption()
+watchdog = preemption.watch_for_hangs(float(sys.argv[1]), rank=1)
+for step in range(1, 4):
+    for phase in ("data", "forward-backward", "step-decision", "optimizer"):
+        watchdog.beat(step, phase)
+        time.sleep(0.01)
+print("ready", flush=True)
+watchdog.beat(4, "data")
+time.sleep(600)
+"""
+
 
 def start(code: str, *args: str, **env: str) -> subprocess.Popen:
     """Run `code` in a new Python process; return once it printed its first line."""
@@ -49,6 +77,40 @@ def test_after_a_stop_signal_a_step_that_never_ends_is_cut_at_the_deadline_and_t
     assert 1 <= time.monotonic() - signalled < 15
     assert stderr.strip() == (
         "stopped: no step boundary within 1 s of SIGTERM: exiting without saving; not a SLURM job, so nothing is"
+        " requeued: rerun with checkpoint.resume=auto to continue"
+    )
+
+
+def test_a_stop_signal_reaches_a_rank_whose_main_thread_is_blocked_in_c_and_ends_it_at_the_deadline() -> None:
+    process = start(BLOCKED_IN_C, "1")
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    try:
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()  # still blocked, were the stop to fail
+    assert process.returncode == 75, stderr
+    assert 1 <= time.monotonic() - signalled < 5
+    assert stderr.startswith("stopped: no step boundary within 1 s of SIGTERM: exiting without saving;"), stderr
+
+
+def test_a_rank_that_stops_making_progress_is_named_with_its_step_and_phase_and_exits_75() -> None:
+    process = start(HANGS_IN_A_PHASE, "0.02")  # 1.2 s
+    started = time.monotonic()
+    try:
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()  # still blocked, were the stop to fail
+    assert process.returncode == 75, stderr
+    assert 1 <= time.monotonic() - started < 10
+    first, *stacks = stderr.strip().splitlines()
+    assert (
+        first == "hang: rank 1 made no progress for 1 s in phase data of step 4 (checkpoint.hang_timeout_minutes=0.02)"
+    )
+    assert any(line.startswith("Thread 0x") for line in stacks)  # the Python stacks of every thread
+    assert '  File "<string>", line 12 in <module>' in stacks  # the main thread, in its time.sleep(600)
+    assert stacks[-1] == (
+        "stopped: rank 1 hung in phase data of step 4: exiting without saving; not a SLURM job, so nothing is"
         " requeued: rerun with checkpoint.resume=auto to continue"
     )
 

@@ -11,27 +11,41 @@ part of Fabric), so it is written here:
   ExitCode.REQUEUE, which a job script treats as "saved and requeued". The requeued
   job resumes from that checkpoint through `checkpoint.resume: auto`. In a job of submitit's, submitit
   requeues it instead, so nothing is requeued here.
-A step may never reach its boundary (a huge grad_accum_steps, a hung data source), so the stop is
-bounded: a second signal, or `checkpoint.stop_deadline_seconds` after the first with the step still
-running, ends the process at once without saving, from a watchdog thread whatever the loop is doing.
-It still requeues a SLURM job and exits with ExitCode.REQUEUE: the job resumes from the last checkpoint
-(or starts over when there is none) instead of ending as killed (143), which SLURM would not requeue.
+A step may never reach its boundary (a huge grad_accum_steps, a hung data source, a collective waiting
+on a peer), so the stop is bounded: a second signal, or `checkpoint.stop_deadline_seconds` after the first
+with the step still running, ends the process at once without saving, whatever the loop is doing. It still
+requeues a SLURM job and exits with ExitCode.REQUEUE: the job resumes from the newest complete checkpoint
+(a save cut short is a `.partial` folder, never loaded; or it starts over when there is none) instead of
+ending as killed (143), which SLURM would not requeue.
+
+The signals are received by a thread of their own, not by a Python handler: CPython runs a handler only on
+the main thread between two bytecodes, so a main thread blocked in C (a gloo or NCCL collective waiting on a
+peer, for up to strategy.timeout_minutes) would run it, and start the deadline, only when the collective
+ends. CPython's C-level handler writes each signal's number to the wakeup fd (signal.set_wakeup_fd), here
+a socket that the thread reads: it sets the flag the step decision reads and starts the deadline at once.
+Blocking the signals in every thread and waiting for them with signal.sigwait would do it too, but the mask
+must be set before torch starts its threads, and every process started afterwards (Fabric's other ranks,
+data workers, scontrol) would inherit the signals blocked.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 from ..checkpoint.lock import launched_rank
 from ..errors import ExitCode, TrainingStopped
+from .watchdog import HangWatchdog
 
 SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 SUBMITIT_JOB = "SUBMITIT_EXECUTOR"  # set by submitit in the environment of its jobs' tasks (slurm or local)
+_wakeup: socket.socket | None = None  # the write end of the socket CPython writes the signals to
 
 
 class Preempted(TrainingStopped):
@@ -52,30 +66,60 @@ class Preemption:
     def __init__(self, deadline_seconds: float = 60.0) -> None:
         self.received = 0  # number of the first signal this rank caught
         self.deadline_seconds = deadline_seconds
-        self._watchdog: threading.Timer | None = None
+        self.watchdog: HangWatchdog | None = None
+        self._deadline: threading.Timer | None = None
+        self._at_boundary = False
+        self._lock = threading.Lock()
         if threading.current_thread() is not threading.main_thread():
             return  # signals reach only the main thread: Ray Train trains in another one, and handles them itself
-        for signum in SIGNALS:
-            signal.signal(signum, self._catch)
+        _listen_for(SIGNALS, self._catch)
 
-    def _catch(self, signum: int, frame: FrameType | None) -> None:
-        # Only a flag: saving from inside a handler could interrupt a collective halfway through.
-        if self.received:
-            self.stop_now(f"a second signal ({signal.Signals(signum).name})")
-        self.received = signum
-        why = f"no step boundary within {self.deadline_seconds:g} s of {signal.Signals(signum).name}"
-        self._watchdog = threading.Timer(self.deadline_seconds, self.stop_now, args=(why,))
-        self._watchdog.daemon = True
-        self._watchdog.start()
+    def _catch(self, signum: int) -> None:
+        # Only a flag and a timer: saving from here could interrupt a collective halfway through.
+        with self._lock:  # against reached_boundary: a deadline started after it would cut the agreed save short
+            if self.received:
+                self.stop_now(f"a second signal ({signal.Signals(signum).name})")
+            if not self._at_boundary:
+                why = f"no step boundary within {self.deadline_seconds:g} s of {signal.Signals(signum).name}"
+                self._deadline = threading.Timer(self.deadline_seconds, self.stop_now, args=(why,))
+                self._deadline.daemon = True
+                self._deadline.start()
+            self.received = signum
 
     def reached_boundary(self) -> None:
         """The ranks agreed to stop at this step boundary: the save that follows is not cut short."""
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        with self._lock:
+            self._at_boundary = True
+            if self._deadline is not None:
+                self._deadline.cancel()
 
-    def stop_now(self, why: str) -> None:
-        """End this process at once, without saving: requeued like any preemption (rank 0 on SLURM), exit 75."""
-        requeued = _requeue(f"{why}: exiting without saving", launched_rank(), "the newest checkpoint")
+    def watch_for_hangs(self, timeout_minutes: float, rank: int) -> HangWatchdog:
+        """The hang watchdog (watchdog.py) the loop feeds; a hang ends this rank as `stop_now` does."""
+        self.stop_watching()  # an earlier run's, in this process
+        # Any rank that finds itself hung requeues the job: rank 0 may be the one that hangs.
+        self.watchdog = HangWatchdog(timeout_minutes, rank, lambda why: self.stop_now(why, requeue_from=0))
+        return self.watchdog
+
+    def stop_watching(self) -> None:
+        """The hang watchdog, if any, times nothing more."""
+        if self.watchdog is not None:
+            self.watchdog.stop_watching()
+
+    def explains_failure(self) -> str | None:
+        """Why an error from a collective is a stop's doing rather than a crash, if it is: a stop signal reached
+        this rank (a peer may have ended at the deadline), or this rank had been waiting for over half its phase's
+        hang allowance (a hung peer's watchdog ended it first). None: a crash, reported as one."""
+        if self.received:
+            return signal.Signals(self.received).name
+        if self.watchdog is not None and self.watchdog.half_hung():
+            return f"no progress for {self.watchdog.silent_seconds():.0f} s (a peer rank hung)"
+        return None
+
+    def stop_now(self, why: str, requeue_from: int | None = None) -> None:
+        """End this process at once, without saving: requeued like any preemption (rank 0 on SLURM, or the rank
+        `requeue_from` names when it is this one), exit 75. Safe from any thread."""
+        rank = launched_rank() if requeue_from is None else requeue_from
+        requeued = _requeue(f"{why}: exiting without saving", rank, "the newest checkpoint")
         print(f"stopped: {requeued}", file=sys.stderr, flush=True)
         os._exit(ExitCode.REQUEUE)  # from any thread; the interpreter's teardown could wait on a hung collective
 
@@ -103,3 +147,31 @@ def _requeue(why: str, rank: int, resumes_from: str) -> str:
     if result.returncode != 0:
         return f"{why}; `scontrol requeue {job}` failed: {result.stderr.strip() or result.returncode}"
     return f"{why}; requeued SLURM job {job}, it resumes from {resumes_from}"
+
+
+def _listen_for(signals: tuple[signal.Signals, ...], catch: Callable[[int], None]) -> None:
+    """Call `catch(signum)` from a daemon thread for each of `signals` this process receives, even while the main
+    thread is blocked in C. From the main thread, which alone may install handlers."""
+    global _wakeup
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)  # CPython requires it: its C handler must never block
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    for signum in signals:
+        signal.signal(signum, _leave_to_the_thread)
+    if _wakeup is not None:
+        _wakeup.close()  # an earlier catcher's thread reads the end of its socket and returns
+    _wakeup = writer
+
+    def listen() -> None:
+        while received := reader.recv(64):
+            for signum in received:
+                if signum in signals:
+                    catch(signum)
+        reader.close()
+
+    threading.Thread(target=listen, name="stop-signals", daemon=True).start()
+
+
+def _leave_to_the_thread(signum: int, frame: FrameType | None) -> None:
+    """The Python-level handler: a handler must be installed for CPython to write the number to the wakeup fd,
+    and the number alone is enough; the listening thread does the rest."""

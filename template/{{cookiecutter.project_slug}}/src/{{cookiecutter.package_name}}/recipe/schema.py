@@ -129,6 +129,11 @@ class CheckpointConfig:
             step in progress may take to end before the run stops without saving (requeued all the same:
             it resumes from the newest checkpoint). Keep it below the notice the scheduler gives
             (`--signal=USR1@120`) minus the time a save takes. A second signal stops at once.
+        hang_timeout_minutes: A rank that makes no progress for this long in one phase of a step (data,
+            forward-backward, step-decision, optimizer) ends as hung: it names its step and phase, prints its
+            threads' stacks, and stops as at the stop deadline (requeued, exit 75). The first step, a save,
+            validation and the eval benchmarks may take 4 times as long. Keep it below
+            strategy.timeout_minutes, which ends a hung collective as a crash; 0 disables.
         max_failures: How many times a launcher that restarts a failed run starts it again (`ray`: Ray Train
             ends the worker group when a worker dies and starts a new one); each restart resumes from the
             newest complete checkpoint. 0 never restarts; -1 restarts without limit.
@@ -144,6 +149,7 @@ class CheckpointConfig:
     async_save: bool = False
     resume: str | None = None
     stop_deadline_seconds: float = field(default=60.0, metadata=bounds(above=0, at_most=86_400))
+    hang_timeout_minutes: float = field(default=20.0, metadata=bounds(at_least=0, at_most=10_080))
     max_failures: int = field(default=3, metadata=bounds(at_least=-1))
     on_provenance_change: Literal["warn", "error"] = "warn"
 

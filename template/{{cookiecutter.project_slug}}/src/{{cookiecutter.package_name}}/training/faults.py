@@ -11,6 +11,9 @@ TRAIN_FAULT=<kind>:<step>[:<signal>] where kind is
                       given (`nan-at-step:3:0`: under a V pipeline schedule rank 0 holds the last stage)
   hang-at-step        the last rank never finishes that step (a hung data source, a stuck kernel): only the
                       stop deadline (checkpoint.stop_deadline_seconds) or a second signal ends the run
+  hang-in-phase       the last rank blocks for good, silently, as it enters that phase of that step (a phase the
+                      loop names in its heartbeat: `hang-in-phase:3:step-decision`, `hang-in-phase:4:checkpoint-save`):
+                      only the hang watchdog (checkpoint.hang_timeout_minutes) or the stop deadline ends the run
   slow-rank           the last rank sleeps before the step's decision in that step and every later one (default
                       1 second, e.g. `slow-rank:3:0.5`): a straggler
 kill-* kill through the process group, so start such a job in a new session (setsid or
@@ -22,6 +25,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ..checkpoint.io import WRITTEN_HOOKS
+from ..cluster.watchdog import BEAT_HOOKS
 
 ENV = "TRAIN_FAULT"
 # The loop's points and the faults injected at each.
@@ -84,6 +89,18 @@ def _in_save(step: int, out_dir: str) -> None:
 
 
 WRITTEN_HOOKS.append(_in_save)  # the checkpoint layer calls it between writing a checkpoint and showing it
+
+
+def _hang_in_phase(step: int, phase: str) -> None:
+    """TRAIN_FAULT=hang-in-phase:<step>:<phase>: the last rank blocks for good as it enters that phase."""
+    _, at, wanted = _wanted()
+    rank, size = _rank_and_size()
+    if step == at and phase == wanted and rank == size - 1:
+        threading.Event().wait()  # no output, no end: what a stuck data source or a lost peer looks like
+
+
+if _wanted()[0] == "hang-in-phase":  # consulted at every heartbeat, so registered only when asked for
+    BEAT_HOOKS.append(_hang_in_phase)
 
 
 def poison_loss(loss: torch.Tensor, step: int) -> torch.Tensor:

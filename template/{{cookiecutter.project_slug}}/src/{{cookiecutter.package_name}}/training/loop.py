@@ -10,7 +10,6 @@ no_backward_sync, clip_and_step and discard_gradients.
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 import warnings
@@ -63,6 +62,7 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
     checkpointer = Checkpointer(fabric, recipe, run.provenance, interval_rule=young_interval)
     profiler = StepProfiler(fabric, recipe)  # only in the steps of profile.steps
     decision = None
+    watchdog = preemption.watch_for_hangs(recipe.checkpoint.hang_timeout_minutes, fabric.global_rank)
     model.train()
 
     def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
@@ -72,16 +72,20 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
         profiler.step_begins(state["step"] + 1)
         loss_sum = torch.zeros((), device=fabric.device)
         poison = partial(poison_loss, step=state["step"] + 1)
+        watchdog.beat(state["step"] + 1, "data")  # the hang watchdog times each phase from its heartbeat
         for micro_step, batch in enumerate(monitor.timed(run.batches.iter_step())):
+            watchdog.beat(state["step"] + 1, "forward-backward")
             batch = fabric.to_device(batch)
             # Gradients are synchronised only on the last micro-batch of the step.
             with strategy.no_backward_sync(fabric, model, enabled=micro_step < accumulate - 1):
                 # The task's loss (poisoned only under TRAIN_FAULT=nan-at-step), backpropagated over `accumulate`.
                 loss = strategy.forward_backward(fabric, model, batch, accumulate, poison)
             loss_sum += loss
+            watchdog.beat(state["step"] + 1, "data")
         # One all_reduce for what every rank decides together: a NaN/inf loss on some rank (every rank skips
         # this update, or the run stops, as the recipe says), a stop signal, a time-based checkpoint.
         fault_point("before-sync", state["step"] + 1)  # only under TRAIN_FAULT (tests)
+        watchdog.beat(state["step"] + 1, "step-decision")
         with monitor.rank_times.waiting_for_ranks():  # the rank that waits least here holds the others back
             decision = decide(
                 fabric, loss_sum, recipe.train.on_nonfinite_loss, preemption.received, checkpointer.time_is_up()
@@ -90,6 +94,7 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
             break
         if decision.preempted:
             preemption.reached_boundary()  # the save below is not cut short by the stop deadline
+        watchdog.beat(state["step"] + 1, "optimizer")
         grad_norm = None
         if decision.update is Update.APPLY:
             grad_norm = strategy.clip_and_step(fabric, model, optimizer, max_norm=recipe.train.grad_clip)
@@ -115,13 +120,16 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
 
         every_eval = recipe.eval.every_steps
         if every_eval and (step % every_eval == 0 or step == max_steps):
+            watchdog.beat(step, "validation")
             started = time.perf_counter()
             results = validate(fabric, task, strategy, model, run.val_batches)
             monitor.log_validation(step, results, seconds=time.perf_counter() - started)
         if run.benchmarks is not None and run.benchmarks.due(step, max_steps):  # eval.tasks: every rank runs them
+            watchdog.beat(step, "eval-benchmarks")
             started = time.perf_counter()
             scores = run.benchmarks.run(fabric, model)
             monitor.log_validation(step, scores, seconds=time.perf_counter() - started, prefix="eval")
+        watchdog.beat(step, "checkpoint-save")
         checkpointer.poll()
         if checkpointer.due(step, decision.save_due) or decision.preempted:
             seconds = checkpointer.save(state)
@@ -129,6 +137,7 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
         fault_point("step-end", step, recipe.out_dir)  # only under TRAIN_FAULT (tests)
         if decision.preempted:
             break
+    watchdog.stop_watching()  # what follows (the last async save, an upload) takes as long as it takes
 
     checkpointer.wait()
     monitor.close()
@@ -149,16 +158,19 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
 
 
 def train_to_the_end(recipe: Recipe, preemption: Preemption) -> None:
-    """`train`, where a collective broken after a stop signal (a peer rank that ended at the stop deadline) ends
-    this rank the same way, exit 75, instead of with a traceback."""
+    """`train`, where a collective broken by a stop (a peer rank that ended at the stop deadline, or by its hang
+    watchdog) ends this rank the same way, exit 75, instead of with a traceback."""
     try:
         train(recipe, preemption)
     except (RecipeError, TrainingStopped):  # refusals and planned stops (a preemption's save among them)
         raise
     except Exception as error:
-        if not preemption.received:
+        stop = preemption.explains_failure()
+        if stop is None:
             raise
-        preemption.stop_now(f"{signal.Signals(preemption.received).name}, then {type(error).__name__} (a rank stopped)")
+        preemption.stop_now(f"{stop}, then {type(error).__name__} (a rank stopped)")
+    finally:
+        preemption.stop_watching()  # a run that failed in this process must not be ended as hung later
 
 
 @torch.no_grad()
