@@ -54,6 +54,22 @@ watchdog.beat(4, "data")
 time.sleep(600)
 """
 
+# A process that forks a child (as a data loader forks its workers), which a stop signal then reaches alone.
+SIGNALS_A_FORKED_CHILD = """
+import os, signal, time
+from {{ cookiecutter.package_name }}.cluster.preemption import Preemption
+preemption = Preemption(deadline_seconds=600)
+child = os.fork()
+if child == 0:
+    time.sleep(10)
+    os._exit(0)
+print("ready", flush=True)
+os.kill(child, signal.SIGTERM)
+time.sleep(0.5)
+print(preemption.received, os.waitpid(child, os.WNOHANG) == (0, 0), flush=True)
+os.kill(child, signal.SIGKILL)
+"""
+
 
 def start(code: str, *args: str, **env: str) -> subprocess.Popen:
     """Run `code` in a new Python process; return once it printed its first line."""
@@ -113,6 +129,13 @@ def test_a_rank_that_stops_making_progress_is_named_with_its_step_and_phase_and_
         "stopped: rank 1 hung in phase data of step 4: exiting without saving; not a SLURM job, so nothing is"
         " requeued: rerun with checkpoint.resume=auto to continue"
     )
+
+
+def test_a_stop_signal_to_a_forked_child_is_not_counted_by_its_parent_and_the_child_lives_on() -> None:
+    process = start(SIGNALS_A_FORKED_CHILD)
+    stdout, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    assert stdout.strip() == "0 True"  # no signal recorded in the parent; the child still running
 
 
 def test_a_second_stop_signal_ends_the_run_at_once() -> None:

@@ -160,6 +160,8 @@ def _listen_for(signals: tuple[signal.Signals, ...], catch: Callable[[int], None
         signal.signal(signum, _leave_to_the_thread)
     if _wakeup is not None:
         _wakeup.close()  # an earlier catcher's thread reads the end of its socket and returns
+    else:
+        _hold_signals_across_forks(signals)
     _wakeup = writer
 
     def listen() -> None:
@@ -175,3 +177,23 @@ def _listen_for(signals: tuple[signal.Signals, ...], catch: Callable[[int], None
 def _leave_to_the_thread(signum: int, frame: FrameType | None) -> None:
     """The Python-level handler: a handler must be installed for CPython to write the number to the wakeup fd,
     and the number alone is enough; the listening thread does the rest."""
+
+
+def _hold_signals_across_forks(signals: tuple[signal.Signals, ...]) -> None:
+    """A forked child (a data loader's worker) inherits the wakeup fd: its signals would reach its parent's thread,
+    which would count them as its own (two: a second signal, a stop without saving). So the child writes them
+    nowhere, and ignores them: its parent stops at the step boundary, and the child ends with it. The signals are
+    held across the fork, so that none reaches the child before it lets go of the wakeup fd."""
+    held: list[set[int | signal.Signals]] = []
+
+    def before() -> None:
+        held.append(signal.pthread_sigmask(signal.SIG_BLOCK, signals))
+
+    def after_in_parent() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held.pop())
+
+    def after_in_child() -> None:
+        signal.set_wakeup_fd(-1)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held.pop())
+
+    os.register_at_fork(before=before, after_in_parent=after_in_parent, after_in_child=after_in_child)
