@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -41,14 +40,6 @@ def restore_signal_handlers() -> None:
     signal.set_wakeup_fd(-1)  # Preemption's: nothing reads it once the test is over
 
 
-def caught(preemption: Preemption) -> int:
-    """The signal `preemption` recorded, once its thread (which receives the signals) has recorded it."""
-    deadline = time.monotonic() + 5
-    while not preemption.received and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return preemption.received
-
-
 @pytest.fixture
 def scontrol_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """SLURM job 99 with an `scontrol` stub on PATH; the file its calls are recorded in."""
@@ -63,8 +54,8 @@ def scontrol_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_signal_only_sets_a_flag_and_rank_zero_requeues_the_slurm_job(scontrol_calls: Path) -> None:
     preemption = Preemption()
     assert not decide(OneProcess(), torch.tensor(1.0), "stop", preemption.received, False).preempted
-    os.kill(os.getpid(), signal.SIGUSR1)  # the process survives: its thread only records it
-    decision = decide(OneProcess(), torch.tensor(1.0), "stop", caught(preemption), False)
+    os.kill(os.getpid(), signal.SIGUSR1)  # the process survives: the handler only records it
+    decision = decide(OneProcess(), torch.tensor(1.0), "stop", preemption.received, False)
     assert decision.stop_signal == signal.SIGUSR1 and decision.preempted
     stopped = preemption.requeue(step=12, agreed_signal=decision.stop_signal, rank=0)
     assert stopped.exit_code == ExitCode.REQUEUE
@@ -81,7 +72,7 @@ def test_outside_slurm_a_signal_stops_without_requeueing(monkeypatch: pytest.Mon
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     preemption = Preemption()
     os.kill(os.getpid(), signal.SIGTERM)
-    assert decide(OneProcess(), torch.tensor(1.0), "stop", caught(preemption), False).preempted
+    assert decide(OneProcess(), torch.tensor(1.0), "stop", preemption.received, False).preempted
     assert "not a SLURM job, so nothing is requeued" in str(preemption.requeue(3, signal.SIGTERM, rank=0))
     preemption.reached_boundary()
 
@@ -93,7 +84,7 @@ def test_in_a_submitit_job_submitits_signal_stops_the_run_and_submitit_not_scont
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
     preemption = Preemption()
     os.kill(os.getpid(), signal.SIGUSR2)  # submitit's signal: a flag too, not submitit's own checkpoint-and-exit
-    decision = decide(OneProcess(), torch.tensor(1.0), "stop", caught(preemption), False)
+    decision = decide(OneProcess(), torch.tensor(1.0), "stop", preemption.received, False)
     assert decision.stop_signal == signal.SIGUSR2
     stopped = preemption.requeue(step=7, agreed_signal=decision.stop_signal, rank=0)
     assert (stopped.exit_code, stopped.signal) == (ExitCode.REQUEUE, signal.SIGUSR2)

@@ -18,11 +18,13 @@ requeues a SLURM job and exits with ExitCode.REQUEUE: the job resumes from the n
 (a save cut short is a `.partial` folder, never loaded; or it starts over when there is none) instead of
 ending as killed (143), which SLURM would not requeue.
 
-The signals are received by a thread of their own, not by a Python handler: CPython runs a handler only on
+The deadline is kept by a thread of its own, not by the Python handler: CPython runs a handler only on
 the main thread between two bytecodes, so a main thread blocked in C (a gloo or NCCL collective waiting on a
 peer, for up to strategy.timeout_minutes) would run it, and start the deadline, only when the collective
 ends. CPython's C-level handler writes each signal's number to the wakeup fd (signal.set_wakeup_fd), here
 a socket that the thread reads: it sets the flag the step decision reads and starts the deadline at once.
+The Python handler sets the flag too, at once when the main thread is running Python, so that a signal sent
+during a step stops the run at that step's boundary, not a step later.
 Blocking the signals in every thread and waiting for them with signal.sigwait would do it too, but the mask
 must be set before torch starts its threads, and every process started afterwards (Fabric's other ranks,
 data workers, scontrol) would inherit the signals blocked.
@@ -45,6 +47,7 @@ from .watchdog import HangWatchdog
 
 SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 SUBMITIT_JOB = "SUBMITIT_EXECUTOR"  # set by submitit in the environment of its jobs' tasks (slurm or local)
+Handler = Callable[[int, FrameType | None], None]
 _wakeup: socket.socket | None = None  # the write end of the socket CPython writes the signals to
 
 
@@ -64,7 +67,8 @@ class Preemption:
     """
 
     def __init__(self, deadline_seconds: float = 60.0) -> None:
-        self.received = 0  # number of the first signal this rank caught
+        self.received = 0  # number of the first signal this rank caught: the flag the step decision reads
+        self._caught = 0  # the same, as the listening thread saw it: a signal after it is a second signal
         self.deadline_seconds = deadline_seconds
         self.watchdog: HangWatchdog | None = None
         self._deadline: threading.Timer | None = None
@@ -72,19 +76,26 @@ class Preemption:
         self._lock = threading.Lock()
         if threading.current_thread() is not threading.main_thread():
             return  # signals reach only the main thread: Ray Train trains in another one, and handles them itself
-        _listen_for(SIGNALS, self._catch)
+        _listen_for(SIGNALS, self._catch, self._flag)
+
+    def _flag(self, signum: int, frame: FrameType | None) -> None:
+        """The Python-level handler, on the main thread when it is between two bytecodes: the flag at once, so
+        that a signal sent within a step stops the run at that step's boundary. The thread does the rest."""
+        self.received = self.received or signum
 
     def _catch(self, signum: int) -> None:
-        # Only a flag and a timer: saving from here could interrupt a collective halfway through.
+        """From the listening thread, each signal as it arrives: the flag, and the deadline (or, on a second
+        signal, the stop). Only a flag and a timer: saving from here could interrupt a collective halfway."""
         with self._lock:  # against reached_boundary: a deadline started after it would cut the agreed save short
-            if self.received:
+            if self._caught:
                 self.stop_now(f"a second signal ({signal.Signals(signum).name})")
+            self._caught = signum
+            self.received = self.received or signum
             if not self._at_boundary:
                 why = f"no step boundary within {self.deadline_seconds:g} s of {signal.Signals(signum).name}"
                 self._deadline = threading.Timer(self.deadline_seconds, self.stop_now, args=(why,))
                 self._deadline.daemon = True
                 self._deadline.start()
-            self.received = signum
 
     def reached_boundary(self) -> None:
         """The ranks agreed to stop at this step boundary: the save that follows is not cut short."""
@@ -149,15 +160,16 @@ def _requeue(why: str, rank: int, resumes_from: str) -> str:
     return f"{why}; requeued SLURM job {job}, it resumes from {resumes_from}"
 
 
-def _listen_for(signals: tuple[signal.Signals, ...], catch: Callable[[int], None]) -> None:
+def _listen_for(signals: tuple[signal.Signals, ...], catch: Callable[[int], None], handler: Handler) -> None:
     """Call `catch(signum)` from a daemon thread for each of `signals` this process receives, even while the main
-    thread is blocked in C. From the main thread, which alone may install handlers."""
+    thread is blocked in C; `handler` is their Python-level handler. From the main thread, which alone may install
+    handlers (CPython writes a signal's number to the wakeup fd only when it has one)."""
     global _wakeup
     reader, writer = socket.socketpair()
     writer.setblocking(False)  # CPython requires it: its C handler must never block
     signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
     for signum in signals:
-        signal.signal(signum, _leave_to_the_thread)
+        signal.signal(signum, handler)
     if _wakeup is not None:
         _wakeup.close()  # an earlier catcher's thread reads the end of its socket and returns
     else:
@@ -172,11 +184,6 @@ def _listen_for(signals: tuple[signal.Signals, ...], catch: Callable[[int], None
         reader.close()
 
     threading.Thread(target=listen, name="stop-signals", daemon=True).start()
-
-
-def _leave_to_the_thread(signum: int, frame: FrameType | None) -> None:
-    """The Python-level handler: a handler must be installed for CPython to write the number to the wakeup fd,
-    and the number alone is enough; the listening thread does the rest."""
 
 
 def _hold_signals_across_forks(signals: tuple[signal.Signals, ...]) -> None:
