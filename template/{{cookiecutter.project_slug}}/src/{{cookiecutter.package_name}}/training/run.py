@@ -33,6 +33,7 @@ from ..recipe.schema import Recipe
 from ..strategies import TrainingStrategy, strategy_for
 from ..tasks import Task, task_for
 from ..tasks.base import Benchmarks
+from .goodput import StartupClock
 from .loggers import build_loggers, new_run_id
 from .optim import build_optimizer, build_scheduler
 
@@ -54,6 +55,7 @@ class Run:
     resumed_from: Path | None
     benchmarks: Benchmarks | None = None  # the task's downstream benchmarks during training (eval.tasks)
     provenance: dict[str, Any] = field(default_factory=dict)  # code, versions, hosts, launcher (checkpoint/provenance)
+    startup: StartupClock = field(default_factory=StartupClock)  # when each start-up phase ended (training/goodput.py)
 
 
 # CPU training processes one node may start per core it can use: beyond that the processes only wait on each
@@ -124,6 +126,8 @@ def build_fabric(
 
 def setup(recipe: Recipe) -> Run:
     """Launch the processes and build everything the loop trains; resumes from a checkpoint if the recipe says so."""
+    startup = StartupClock()
+    startup.mark("imports")
     task, strategy = task_for(recipe), strategy_for(recipe)
     splits = task.datasets()  # refuses data that is missing, too short or does not fit the model
     benchmarks = task.benchmarks()  # refuses tasks that are unknown or whose data is not here
@@ -150,6 +154,7 @@ def setup(recipe: Recipe) -> Run:
     start_processes(fabric)  # unless `fabric run` already did
     if in_use := fabric.broadcast(in_use):
         raise TrainingStopped(in_use, ExitCode.USAGE, report=fabric.global_rank == 0)
+    startup.mark("rendezvous")
     provenance = run_provenance(task.key_packages, hostnames(fabric), launcher_name())
     fabric.seed_everything(recipe.train.seed)
     fabric.print(f"Recipe:\n{dump_recipe(recipe)}")
@@ -162,6 +167,7 @@ def setup(recipe: Recipe) -> Run:
         strategy.load_pretrained(fabric, model)
         fabric.print(f"Started from the weights of {weights_from}")
     scheduler = build_scheduler(scheduled, recipe.train)
+    startup.mark("model_build")
 
     dp_rank, dp_size = strategy.data_parallel_rank_and_size(fabric)  # tensor-parallel peers see the same batches
     micro_batch_size = recipe.train.micro_batch_size
@@ -193,6 +199,7 @@ def setup(recipe: Recipe) -> Run:
         fabric.print(f"Resumed from {resume_from} at step {state['step']}")
     elif recipe.checkpoint.resume == "auto":
         fabric.print(f"No checkpoint under {checkpoint_root(recipe)}: starting from step 0")
+    startup.mark("checkpoint_load")
     return Run(
         recipe,
         task,
@@ -207,6 +214,7 @@ def setup(recipe: Recipe) -> Run:
         resume_from,
         benchmarks,
         provenance,
+        startup,
     )
 
 
