@@ -5,8 +5,8 @@ its start-up in phases, from the process's own start to the end of its first opt
 
     imports          the process started -> the training code imported (setup begins)
     rendezvous       -> the process group up: the data found, the recipe checked, the other ranks launched
-    model_build      -> the model built, sharded and wrapped with its optimizer (pretrained weights loaded)
-    checkpoint_load  -> the checkpoint verified and loaded (about 0 on a fresh start)
+    model_build      -> the model built, sharded and wrapped with its optimizer (pretrained weights loaded), the batches
+    checkpoint_load  -> the checkpoint verified and loaded (0 on a fresh start)
     first_step       -> the first optimizer step done: compilation and every other first-time cost
 
 and counts the steps it redoes: those between the checkpoint it resumed from and the furthest step an earlier

@@ -167,7 +167,6 @@ def setup(recipe: Recipe) -> Run:
         strategy.load_pretrained(fabric, model)
         fabric.print(f"Started from the weights of {weights_from}")
     scheduler = build_scheduler(scheduled, recipe.train)
-    startup.mark("model_build")
 
     dp_rank, dp_size = strategy.data_parallel_rank_and_size(fabric)  # tensor-parallel peers see the same batches
     micro_batch_size = recipe.train.micro_batch_size
@@ -192,14 +191,15 @@ def setup(recipe: Recipe) -> Run:
         "skipped_updates": 0,  # non-finite loss, on_nonfinite_loss=skip ("skipped_steps" is DeepSpeed's own key)
         "wandb_run_id": fabric.broadcast(run_id),  # rank 0's id: the one its logger writes to
     }
+    startup.mark("model_build")  # and the optimizer, schedule and batches
     if resume_from is not None:
         resume_from = verified_resume(fabric, resume_from, recipe)  # every rank hashes a share of the files
         with working(f"Loading {resume_from}", enabled=fabric.global_rank == 0):
             load_checkpoint(fabric, resume_from, state, recipe)
         fabric.print(f"Resumed from {resume_from} at step {state['step']}")
+        startup.mark("checkpoint_load")
     elif recipe.checkpoint.resume == "auto":
         fabric.print(f"No checkpoint under {checkpoint_root(recipe)}: starting from step 0")
-    startup.mark("checkpoint_load")
     return Run(
         recipe,
         task,
