@@ -81,3 +81,31 @@ def test_earlier_lifetimes_give_the_furthest_step_their_step_times_and_the_first
     assert earlier.furthest_step == 13
     assert earlier.step_seconds == [0.3, 0.4]
     assert earlier.first_launch == 400.0
+
+
+def test_a_restarted_lifetime_logs_its_start_up_once_and_the_steps_an_earlier_one_logged_past_its_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning.fabric import Fabric
+    from lightning.fabric.loggers import CSVLogger
+
+    from {{ cookiecutter.package_name }}.training.goodput import GOODPUT, LAUNCHED, LOST, REDONE, STARTUP, Goodput
+
+    earlier = tmp_path / "csv" / "version_0" / "metrics.csv"  # a lifetime that logged up to step 12, then died
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text(f"step,time/step_seconds,{LAUNCHED}\n1,,{time.time() - 60}\n10,0.5,\n12,0.5,\n")
+    fabric = Fabric(accelerator="cpu", devices=1, loggers=[CSVLogger(root_dir=tmp_path / "csv", name="")])
+    logged: list[tuple[dict[str, float], int]] = []
+    monkeypatch.setattr(fabric, "log_dict", lambda metrics, step: logged.append((metrics, step)))
+    clock = StartupClock(launched=time.time() - 3)
+    clock.mark("imports")
+    goodput = Goodput(fabric, clock, start_step=8)  # resumed from the checkpoint of step 8
+
+    goodput.step_done(9)
+    goodput.step_done(10)  # once per lifetime
+    ((figures, step),) = logged
+    assert step == 9 and figures[REDONE] == 4  # steps 9-12 again
+    assert 3 <= figures[STARTUP] < 10 and figures[STARTUP] == pytest.approx(sum(figures[phase_key(p)] for p in PHASES))
+    assert figures[LOST] == pytest.approx(figures[STARTUP] + 4 * 0.5)  # at the earlier lifetimes' step time
+    # 10 steps at the median step time (0.5) over the ~60 s since the first lifetime's launch
+    assert goodput.figures(10, 0.5)[GOODPUT] == pytest.approx(10 * 0.5 / 60, rel=0.1)
