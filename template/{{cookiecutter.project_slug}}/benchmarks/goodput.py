@@ -86,11 +86,13 @@ def run_with_kills(
                 try:
                     returncode = process.wait(timeout=wait)
                 except subprocess.TimeoutExpired:
-                    kills += 1
                     if worker_only:
-                        for worker in children(process.pid)[-1:]:  # none between two of torchrun's rounds
+                        workers = children(process.pid)[-1:]  # none between two of torchrun's rounds: no kill
+                        for worker in workers:
                             os.kill(worker, signal.SIGKILL)  # torchrun restarts them all
+                        kills += len(workers)
                     else:
+                        kills += 1
                         os.killpg(process.pid, signal.SIGKILL)  # every rank, as a lost node
                         process.wait()
                         process = launch()
