@@ -16,6 +16,8 @@ median over repeats and the spread (min..max). The workers are the other files o
                       against full and none (time, and the bytes held for backward)
     shard_cache.py    data wait per step through the shard cache from S3 (moto on localhost), cold and warm,
                       against the same folder read locally
+    goodput.py        a 2-process run SIGKILLed every ~25 s and resumed (relaunched; torchrun's elastic restarts)
+                      against the same run without failures: goodput, kills, each start-up phase, redone steps
 The start-up and pipeline figures are measured here (the pipeline's: `train` under ddp and under a
 2-stage pipeline on the same global batch, each step's time as the run logs it, beside plan's bubble): command to first optimizer step against `import torch, lightning`,
 and the same on prepared corpora of 1, 4 and 16 GB (sparse shards: no disk used, nothing read at start).
@@ -80,6 +82,17 @@ FIGURES: list[tuple[str, str, tuple[str, float] | None]] = [
     ("pipeline_predicted_step_vs_ddp", "the same as plan's bubble predicts it: 1 / (1 - bubble)", None),
     ("pipeline_zbv_step_vs_ddp", "step time, ZB-V (4 stages in a V on 2 processes, 4 pieces) / ddp, same batch", None),
     ("pipeline_zbv_predicted_step_vs_ddp", "the same as plan's bubble predicts it: 1 / (1 - bubble)", None),
+    ("goodput_no_failures", "goodput (step time / wall time), 2 processes, no failures", None),
+    ("goodput_with_failures", "the same, SIGKILLed every ~25 s, relaunched (resume auto)", None),
+    ("goodput_failures_vs_none", "goodput with those failures / without", None),
+    ("kills_per_run", "SIGKILLs until the relaunched run was done", None),
+    ("restart_vs_fresh_startup", "launch to first step, a restart / a fresh start, same size", ("<=", 1.2)),
+    ("redone_steps_vs_save_interval", "steps redone per failure (most in a run) / checkpoint interval", ("<=", 1.0)),
+    ("torchrun_goodput_with_failures", "goodput, one worker SIGKILLed every ~25 s, torchrun restarts", None),
+    ("torchrun_goodput_failures_vs_none", "goodput with those failures / without", None),
+    ("torchrun_kills_per_run", "SIGKILLs until torchrun's run was done", None),
+    ("torchrun_restart_vs_fresh_startup", "launch to first step, a torchrun restart / its fresh start", ("<=", 1.2)),
+    ("torchrun_redone_steps_vs_save_interval", "steps redone per failure (most) / checkpoint interval", ("<=", 1.0)),
 ]
 
 
@@ -391,6 +404,40 @@ def shard_cache_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any]]:
     }
 
 
+def goodput_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any]]:
+    """Goodput of a 2-process run SIGKILLed at seeded moments and resumed (relaunched, and by torchrun's restarts)
+    against the same run without failures; a restart's start-up against a fresh start's at the same size (the
+    run's own first lifetime); the most steps a failure made the run redo against the checkpoint interval."""
+    result = run_worker("goodput.py", "--repeats", str(repeats), *(["--quick"] if quick else []), threads=1)
+    runs, save_every = result["runs"], result["settings"]["save_every"]
+    figures = {"goodput_no_failures": summary([run["goodput"] for run in runs["none"]])}
+    for variant, failed in runs.items():
+        if variant == "none":
+            continue
+        prefix = "" if variant == "relaunch" else f"{variant}_"
+        pairs = zip(failed, runs["none"], strict=True)
+        figures[f"{prefix}goodput_with_failures"] = summary([run["goodput"] for run in failed])
+        figures[f"{prefix}goodput_failures_vs_none"] = summary(
+            [run["goodput"] / none["goodput"] for run, none in pairs]
+        )
+        figures[f"{prefix}kills_per_run"] = summary([float(run["kills"]) for run in failed])
+        restarted = [run for run in failed if run["redone_steps"]]  # a run whose kills all missed logs no restart
+        if restarted:
+            startups = [statistics.median(run["startup_seconds"][1:]) / run["startup_seconds"][0] for run in restarted]
+            phases = {"fresh": median_phases(failed, restarts=False), "restart": median_phases(failed, restarts=True)}
+            figures[f"{prefix}restart_vs_fresh_startup"] = {**summary(startups), "phase_seconds": phases}
+            redone = [max(run["redone_steps"]) / save_every for run in restarted]
+            figures[f"{prefix}redone_steps_vs_save_interval"] = summary(redone)
+    figures["goodput_runs"] = result
+    return figures
+
+
+def median_phases(runs: list[dict[str, Any]], restarts: bool) -> dict[str, float]:
+    """Median seconds of each start-up phase over the runs' fresh starts (their first lifetime), or their restarts."""
+    chosen = [phases for run in runs for phases in (run["phase_seconds"][1:] if restarts else run["phase_seconds"][:1])]
+    return {phase: statistics.median(p[phase] for p in chosen) for phase in chosen[0]} if chosen else {}
+
+
 def met(value: float, target: tuple[str, float] | None) -> str:
     if target is None:
         return ""
@@ -424,6 +471,7 @@ def main() -> None:
     parser.add_argument(
         "--loop_steps", type=int, default=25, help="Steps per loop run, timed from step 5 (40: a longer window)."
     )
+    parser.add_argument("--only", default="", help="Comma-separated sections to run (e.g. goodput); default all.")
     args = parser.parse_args()
     repeats = args.repeats or (1 if args.quick else 2)
     started = time.perf_counter()
@@ -441,7 +489,10 @@ def main() -> None:
         ("training defaults", lambda: figures.update(training_default_figures(args.quick, repeats))),
         ("shard cache", lambda: figures.update(shard_cache_figures(args.quick, repeats))),
         ("pipeline", lambda: figures.update(pipeline_figures(args.quick, repeats))),
+        ("goodput", lambda: figures.update(goodput_figures(args.quick, repeats))),
     ]
+    if args.only:
+        sections = [(name, measure) for name, measure in sections if name in args.only.split(",")]
     seconds = {}
     for name, measure in sections:
         section_start = time.perf_counter()

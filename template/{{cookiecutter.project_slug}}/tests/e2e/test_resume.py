@@ -13,6 +13,8 @@ import pytest
 import torch
 from helpers import final_weights, losses_by_run, read_csv_metrics, run_cli, toy_train_args
 
+from {{ cookiecutter.package_name }}.training.goodput import LAUNCHED, PHASES, REDONE, STARTUP, phase_key
+
 pytestmark = pytest.mark.slow
 MAX_STEPS = 24
 # 118 vectors -> 104 for training (one in 8 held out); 8 per step over 2 ranks: epoch 1 starts in step 14.
@@ -82,6 +84,19 @@ def test_killed_and_resumed_run_is_bitwise_identical(
     weights = final_weights(tmp_path, MAX_STEPS)
     assert weights.keys() == expected_weights.keys()
     assert all(torch.equal(weights[name], expected_weights[name]) for name in weights)
+    assert_startup_logged(tmp_path, redone=kill_step - (resumes_at or 0), resumed=resumes_at is not None)
+
+
+def assert_startup_logged(out_dir: Path, redone: int, resumed: bool) -> None:
+    """Each lifetime logged its start-up once, in phases that sum to it; the restart the steps it redid."""
+    first, restart = [row for row in read_csv_metrics(out_dir) if row.get(STARTUP)]
+    for row in (first, restart):
+        phases = {phase: float(row[phase_key(phase)]) for phase in PHASES}
+        assert all(seconds >= 0 for seconds in phases.values()) and phases["imports"] > 0
+        assert sum(phases.values()) == pytest.approx(float(row[STARTUP]))
+    assert float(first[REDONE]) == 0 and float(restart[REDONE]) == redone
+    assert (float(restart[phase_key("checkpoint_load")]) > 0) == resumed
+    assert float(restart[LAUNCHED]) > float(first[LAUNCHED])
 
 
 @pytest.mark.parametrize("fault", ["kill-in-save:16", "kill-at-step:19"])

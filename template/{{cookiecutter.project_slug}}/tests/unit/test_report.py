@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import fail_with, run_cli_without
 
-from {{ cookiecutter.package_name }}.commands.report import Segment, _draw, read_segments
+from {{ cookiecutter.package_name }}.commands.report import Segment, _draw, read_segments, run_goodput
 
 
 def write_metrics(path: Path, rows: list[dict[str, float]]) -> None:
@@ -44,9 +44,25 @@ def resumed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("report") / "run"
     first = [train_row(step) for step in range(1, 5)] + [{"step": 2, "train/skipped_updates": 1}]
     first.append({"step": 4, "val/loss": 4.7, "val/perplexity": 110.0})
+    first.append(startup_row(1, launched=1.7e9 - 9, startup=10.0, redone=0))  # 10 s from launch to step 1's end
     write_metrics(run / "csv" / "version_0" / "metrics.csv", first)
-    write_metrics(run / "csv" / "version_1" / "metrics.csv", [train_row(step, 1.7e9 + 60) for step in range(4, 9)])
+    second = [train_row(step, 1.7e9 + 60) for step in range(4, 9)]
+    second.append(startup_row(4, launched=1.7e9 + 52, startup=12.0, redone=1))  # step 4 again: once more
+    write_metrics(run / "csv" / "version_1" / "metrics.csv", second)
     return run
+
+
+def startup_row(step: int, launched: float, startup: float, redone: int) -> dict[str, float]:
+    """What a lifetime logs at its first step (training/goodput.py): its start-up, in phases, and redone steps."""
+    phases = {"imports": 0.4, "rendezvous": 0.2, "model_build": 0.1, "checkpoint_load": 0.1, "first_step": 0.2}
+    return {
+        "step": step,
+        "goodput/launched_unix_time": launched,
+        "goodput/startup_seconds": startup,
+        "goodput/redone_steps": redone,
+        "goodput/lost_seconds": startup,  # the live estimate; the report recomputes it at the run's step time
+        **{f"goodput/phase/{phase}_seconds": share * startup for phase, share in phases.items()},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +168,25 @@ def test_report_refuses_an_out_that_is_a_file(tmp_path: Path, capsys: pytest.Cap
     (tmp_path / "taken.html").write_text("mine")
     assert "--out" in fail_with(["report", str(run), "--out", str(tmp_path / "taken.html")], capsys)
     assert (tmp_path / "taken.html").read_text() == "mine"
+
+
+def test_report_gives_each_restart_its_lost_time_and_the_run_its_goodput(resumed_run: Path, report_output: str) -> None:
+    costs = run_goodput(read_segments(resumed_run))
+    assert costs.step_seconds == pytest.approx(0.2) and costs.steps == 8
+    # start-up + redone steps x the run's median step time
+    assert costs.lost_seconds == [pytest.approx(10.0), pytest.approx(12.0 + 1 * 0.2)]
+    # from the first launch (1.7e9 - 9) to the last logged time (1.7e9 + 68): 8 steps of 0.2 s in 77 s
+    assert costs.wall_seconds == pytest.approx(77.0) and costs.goodput == pytest.approx(8 * 0.2 / 77)
+    text = (resumed_run / "elsewhere" / "report.html").read_text()
+    assert "<td>10.0</td><td>0</td><td>10.0</td>" in text  # the first start: start-up, redone steps, lost
+    assert "<td>12.0</td><td>1</td><td>12.2</td>" in text  # the restart
+    assert "Goodput 2.1%: 8 steps at 0.200 s (1.6 s of training) in 77.0 s of wall time" in text
+    assert "1 restart(s) lost 12.2 s" in text
+    assert (resumed_run / "elsewhere" / "startup.png").stat().st_size > 1000
+
+
+def test_a_run_logged_without_goodput_figures_reports_no_lost_time() -> None:
+    segment = Segment("version_0", {"time/step_seconds": [(1, 0.5, 100.0), (2, 0.5, 101.0)]})
+    costs = run_goodput([segment])
+    assert costs.lost_seconds == [None]
+    assert costs.goodput == pytest.approx(2 * 0.5 / 1.0)  # wall time from the first logged time only

@@ -16,6 +16,7 @@ import html
 import importlib.util
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +27,7 @@ from jsonargparse import ArgumentParser
 from ..checkpoint.provenance import LOGGED_FILE, short_commit
 from ..errors import RecipeError
 from ..project import PROJECT
+from ..training import goodput
 from . import parse_arguments
 
 HELP = f"Plot a run's metrics into one HTML file: {PROJECT} report RUN_DIR."
@@ -43,6 +45,7 @@ FIGURES: list[tuple[str, str, list[str], str]] = [
     ("memory", "Peak memory (worst rank)", ["memory/"], "GiB"),
     ("data_wait", "Step time and data wait", ["time/step_seconds", "time/data_wait_seconds"], "seconds per step"),
     ("stragglers", "Slowest rank against the median", ["stragglers/*_step_seconds"], "seconds per step"),
+    ("startup", "Start-up phases of each lifetime", ["goodput/phase/"], "seconds"),
 ]
 
 
@@ -58,6 +61,38 @@ class Segment:
     @property
     def steps(self) -> list[int]:
         return sorted({step for points in self.series.values() for step, _, _ in points})
+
+
+@dataclass
+class RunGoodput:
+    """What the run's restarts cost and its goodput, from the figures each lifetime logged (training/goodput.py)."""
+
+    lost_seconds: list[float | None]  # per segment: start-up + redone steps x step time; None: not logged
+    step_seconds: float  # the run's median step time
+    steps: int  # the furthest step reached
+    wall_seconds: float  # from the first launch (or the first logged time) to the last logged time
+    goodput: float
+
+
+def run_goodput(segments: list[Segment]) -> RunGoodput:
+    """Lost time per lifetime and the run's goodput: its steps, each once at its median step time, over wall time."""
+    step_times = [value for segment in segments for _, value, _ in segment.series.get(goodput.STEP_SECONDS, [])]
+    step_seconds = statistics.median(step_times) if step_times else math.nan
+    lost: list[float | None] = []
+    for segment in segments:
+        startup, redone = _first(segment, goodput.STARTUP), _first(segment, goodput.REDONE)
+        lost.append(goodput.lost_seconds(startup, int(redone or 0), step_seconds) if startup is not None else None)
+    moments = [t for segment in segments for points in segment.series.values() for _, _, t in points if t == t]
+    launches = [value for segment in segments for _, value, _ in segment.series.get(goodput.LAUNCHED, [])]
+    start = min(launches + moments, default=math.nan)
+    wall = max(moments, default=math.nan) - start
+    steps = max(segment.steps[-1] for segment in segments)
+    return RunGoodput(lost, step_seconds, steps, wall, goodput.run_goodput(steps, step_seconds, wall))
+
+
+def _first(segment: Segment, key: str) -> float | None:
+    points = segment.series.get(key)
+    return points[0][1] if points else None
 
 
 def add_arguments(parser: ArgumentParser, prog: str) -> None:
@@ -237,6 +272,23 @@ def _draw(axis: Any, segments: list[Segment], keys: list[str], start_time: float
     axis.grid(alpha=0.3)
 
 
+def _seconds(value: float | None) -> str:
+    return "" if value is None or not math.isfinite(value) else f"{value:.1f}"
+
+
+def _goodput_line(costs: RunGoodput) -> str:
+    """The run's goodput in one sentence: its productive step time over its wall time, and what restarts lost."""
+    if not math.isfinite(costs.goodput):
+        return "Goodput: not known (no step time or wall time logged)."
+    restarts = [lost for lost in costs.lost_seconds[1:] if lost is not None]
+    lost = f"; {len(restarts)} restart(s) lost {sum(restarts):.1f} s" if restarts else ""
+    return (
+        f"Goodput {costs.goodput:.1%}: {costs.steps} steps at {costs.step_seconds:.3f} s"
+        f" ({costs.steps * costs.step_seconds:.1f} s of training) in {costs.wall_seconds:.1f} s of wall time"
+        f" (restarts, saves and validation included){lost}."
+    )
+
+
 STYLE = "body { font-family: sans-serif; margin: 2em; max-width: 1100px } img { max-width: 100% }"
 STYLE += " table { border-collapse: collapse } td, th { border: 1px solid #ccc; padding: 4px 8px }"
 
@@ -244,13 +296,16 @@ STYLE += " table { border-collapse: collapse } td, th { border: 1px solid #ccc; 
 def _html(run_dir: Path, segments: list[Segment], images: list[tuple[str, Path]]) -> str:
     """The report page: a table of the segments, then each figure as an embedded PNG; no outside references."""
     rows = []
+    costs = run_goodput(segments)
     for index, segment in enumerate(segments):
         steps = segment.steps
         kind = "start" if index == 0 else f"restart {index}"
         skipped = ", ".join(map(str, segment.skipped_steps)) or "none"
+        startup, redone = _first(segment, goodput.STARTUP), _first(segment, goodput.REDONE)
         rows.append(
             f"<tr><td>{kind}</td><td>{html.escape(segment.name)}</td><td>{steps[0]}-{steps[-1]}</td>"
-            f"<td>{skipped}</td>"
+            f"<td>{skipped}</td><td>{_seconds(startup)}</td><td>{'' if redone is None else int(redone)}</td>"
+            f"<td>{_seconds(costs.lost_seconds[index])}</td>"
             + "".join(f"<td>{html.escape(cell)}</td>" for cell in _made_by(segment.provenance))
             + "</tr>"
         )
@@ -267,9 +322,12 @@ def _html(run_dir: Path, segments: list[Segment], images: list[tuple[str, Path]]
 <body><h1>Run report: {html.escape(str(run_dir))}</h1>
 <p>Written {written} from the run's CSV metrics. Each process lifetime is one segment, in its own colour;
 a grey dashed line marks where a restart began, a red dotted line a skipped update. The table names the code and
-package versions each segment ran with.</p>
-<table><tr><th>segment</th><th>logs</th><th>steps</th><th>skipped updates</th><th>commit</th><th>versions</th>
-<th>launcher and hosts</th></tr>
+package versions each segment ran with, and what each start cost: its start-up (launch to the end of its first
+step), the steps it redid (logged by an earlier lifetime after the checkpoint it resumed from) and the two as time
+lost (start-up + redone steps x the run's median step time).</p>
+<p>{_goodput_line(costs)}</p>
+<table><tr><th>segment</th><th>logs</th><th>steps</th><th>skipped updates</th><th>start-up (s)</th>
+<th>redone steps</th><th>lost (s)</th><th>commit</th><th>versions</th><th>launcher and hosts</th></tr>
 {chr(10).join(rows)}
 </table>
 {chr(10).join(figures)}

@@ -57,7 +57,14 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
     units_per_sample = task.units_per_sample()  # tokens, images, ...: what throughput counts
     units_per_step = run.batches.global_batch_size * units_per_sample
     monitor = Monitor(
-        fabric, recipe, state["step"], run.batches.global_batch_size, task.unit, units_per_sample, task.flops_per_unit()
+        fabric,
+        recipe,
+        state["step"],
+        run.batches.global_batch_size,
+        task.unit,
+        units_per_sample,
+        task.flops_per_unit(),
+        startup=run.startup,
     )
     checkpointer = Checkpointer(fabric, recipe, run.provenance, interval_rule=young_interval)
     profiler = StepProfiler(fabric, recipe)  # only in the steps of profile.steps

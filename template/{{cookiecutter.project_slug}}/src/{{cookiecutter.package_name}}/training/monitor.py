@@ -11,6 +11,7 @@ terminal, one plain line per interval in a cluster log).
     time/step_seconds, time/data_wait_seconds (per step, max over ranks), time/data_wait_fraction, time/unix_time,
         time/checkpoint_save_seconds, time/validation_seconds
     checkpoint/interval_minutes once, when checkpoint.save_every_minutes=auto chooses it (checkpoint/io.py)
+    goodput/goodput, and at a lifetime's first step its start-up phases and redone steps (training/goodput.py)
     stragglers/... each rank's own step time and data wait, the slowest named (training/stragglers.py)
     val/<name> for each of the task's validation figures (val/loss, val/perplexity for a language model)
     the model's own figures of the step, by the names it gives (a mixture of experts' moe/...: tasks/base.py)
@@ -36,6 +37,7 @@ from tqdm import tqdm
 from ..checkpoint.io import ChosenInterval
 from ..planner.hardware import peak_tflops
 from ..recipe.schema import Recipe
+from .goodput import Goodput, StartupClock
 from .memory import memory_gib
 from .stragglers import RankTimes
 
@@ -130,8 +132,11 @@ class Monitor:
         unit: str = "sample",
         units_per_sample: int = 1,
         flops_per_unit: float | None = None,
+        startup: StartupClock | None = None,
     ) -> None:
-        """`unit`, `units_per_sample`, `flops_per_unit`: the task's (tasks/base.py); None FLOPs: no MFU."""
+        """`unit`, `units_per_sample`, `flops_per_unit`: the task's (tasks/base.py); None FLOPs: no MFU.
+        `startup`: this lifetime's start-up so far, logged with the run's goodput (training/goodput.py)."""
+        self.goodput = Goodput(fabric, startup, start_step) if startup is not None else None
         self.fabric, self.every = fabric, recipe.logger.log_every_steps
         self.max_steps, self.world_size = recipe.train.max_steps, fabric.world_size
         self.unit, self.samples_per_step = unit, samples_per_step
@@ -183,6 +188,8 @@ class Monitor:
         """Count a finished optimizer step; at logging steps reduce, log and show the metrics (all ranks call).
         `model_figures`: the model's own figures of the step, already reduced over the ranks (tasks/base.py)."""
         self.progress.advance(step)
+        if self.goodput is not None:
+            self.goodput.step_done(step)  # the first: this lifetime's start-up and redone steps logged
         if step % self.every and step != self.max_steps:
             return
         steps = step - self._window_first_step
@@ -203,6 +210,8 @@ class Monitor:
             "time/unix_time": time.time(),  # the time axis of `report`
             **{name: float(value) for name, value in (model_figures or {}).items()},
         }
+        if self.goodput is not None:
+            metrics.update(self.goodput.figures(step, metrics["time/step_seconds"]))
         metrics["time/data_wait_fraction"] = metrics["time/data_wait_seconds"] / metrics["time/step_seconds"]
         if grad_norm is not None:  # a DTensor under FSDP2
             metrics["train/grad_norm"] = float(

@@ -33,6 +33,7 @@ from ..recipe.schema import Recipe
 from ..strategies import TrainingStrategy, strategy_for
 from ..tasks import Task, task_for
 from ..tasks.base import Benchmarks
+from .goodput import StartupClock
 from .loggers import build_loggers, new_run_id
 from .optim import build_optimizer, build_scheduler
 
@@ -54,6 +55,7 @@ class Run:
     resumed_from: Path | None
     benchmarks: Benchmarks | None = None  # the task's downstream benchmarks during training (eval.tasks)
     provenance: dict[str, Any] = field(default_factory=dict)  # code, versions, hosts, launcher (checkpoint/provenance)
+    startup: StartupClock = field(default_factory=StartupClock)  # when each start-up phase ended (training/goodput.py)
 
 
 # CPU training processes one node may start per core it can use: beyond that the processes only wait on each
@@ -124,6 +126,8 @@ def build_fabric(
 
 def setup(recipe: Recipe) -> Run:
     """Launch the processes and build everything the loop trains; resumes from a checkpoint if the recipe says so."""
+    startup = StartupClock()
+    startup.mark("imports")
     task, strategy = task_for(recipe), strategy_for(recipe)
     splits = task.datasets()  # refuses data that is missing, too short or does not fit the model
     benchmarks = task.benchmarks()  # refuses tasks that are unknown or whose data is not here
@@ -150,6 +154,7 @@ def setup(recipe: Recipe) -> Run:
     start_processes(fabric)  # unless `fabric run` already did
     if in_use := fabric.broadcast(in_use):
         raise TrainingStopped(in_use, ExitCode.USAGE, report=fabric.global_rank == 0)
+    startup.mark("rendezvous")
     provenance = run_provenance(task.key_packages, hostnames(fabric), launcher_name())
     fabric.seed_everything(recipe.train.seed)
     fabric.print(f"Recipe:\n{dump_recipe(recipe)}")
@@ -186,11 +191,13 @@ def setup(recipe: Recipe) -> Run:
         "skipped_updates": 0,  # non-finite loss, on_nonfinite_loss=skip ("skipped_steps" is DeepSpeed's own key)
         "wandb_run_id": fabric.broadcast(run_id),  # rank 0's id: the one its logger writes to
     }
+    startup.mark("model_build")  # and the optimizer, schedule and batches
     if resume_from is not None:
         resume_from = verified_resume(fabric, resume_from, recipe)  # every rank hashes a share of the files
         with working(f"Loading {resume_from}", enabled=fabric.global_rank == 0):
             load_checkpoint(fabric, resume_from, state, recipe)
         fabric.print(f"Resumed from {resume_from} at step {state['step']}")
+        startup.mark("checkpoint_load")
     elif recipe.checkpoint.resume == "auto":
         fabric.print(f"No checkpoint under {checkpoint_root(recipe)}: starting from step 0")
     return Run(
@@ -207,6 +214,7 @@ def setup(recipe: Recipe) -> Run:
         resume_from,
         benchmarks,
         provenance,
+        startup,
     )
 
 

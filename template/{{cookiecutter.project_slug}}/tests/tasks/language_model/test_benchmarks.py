@@ -39,6 +39,9 @@ KEYS = {
     "selective_ac_step_vs_full",
     "cache_cold_vs_local",
     "cache_warm_vs_local",
+    "goodput_no_failures",
+    "goodput_with_failures",
+    "goodput_failures_vs_none",
 }
 
 
