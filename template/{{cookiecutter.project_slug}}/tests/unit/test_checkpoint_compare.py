@@ -28,21 +28,34 @@ def model_weights() -> dict[str, torch.Tensor]:
     }
 
 
-def write_checkpoint(folder: Path, model: dict[str, torch.Tensor], step: int = 4, extra: object = None) -> Path:
-    """A complete checkpoint folder of one process, as the project's sharded save writes it."""
+def write_checkpoint(
+    folder: Path,
+    model: dict[str, torch.Tensor],
+    step: int = 4,
+    extra: object = None,
+    learning_rate: float = 0.01,
+    strategy: str = "fsdp2",
+) -> Path:
+    """A complete checkpoint folder of one process, as the project's save writes it: sharded (DCP's files, the rest
+    in state/meta.pt; optimizer state by parameter name) or, for ddp, one state file (optimizer state by index)."""
     from torch.distributed.checkpoint import FileSystemWriter, save
 
     optimizer = {
         "state": {name: {"exp_avg": tensor * 0.1, "step": torch.tensor(float(step))} for name, tensor in model.items()},
-        "param_groups": [{"lr": 0.01, "betas": (0.9, 0.95), "params": list(model)}],
+        "param_groups": [{"lr": learning_rate, "betas": (0.9, 0.95), "params": list(model)}],
     }
     state = {"model": model, "optimizer": optimizer} | ({"extra": extra} if extra is not None else {})
-    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
-        save(state, storage_writer=FileSystemWriter(folder / "state"), no_dist=True)
-    torch.save(
-        {"step": step, "data": {"samples_seen": 8 * step}, "wandb_run_id": str(folder)}, folder / "state/meta.pt"
-    )
+    rest = {"step": step, "data": {"samples_seen": 8 * step}, "wandb_run_id": str(folder)}
+    folder.mkdir(parents=True)
+    if strategy == "ddp":
+        optimizer["state"] = dict(enumerate(optimizer["state"].values()))
+        optimizer["param_groups"][0]["params"] = list(range(len(model)))
+        torch.save(state | rest, folder / "state")
+    else:
+        with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            save(state, storage_writer=FileSystemWriter(folder / "state"), no_dist=True)
+        torch.save(rest, folder / "state/meta.pt")
     (folder / "rng").mkdir()
     torch.save({"torch": torch.manual_seed(1).get_state()}, folder / "rng/rank-00000.pt")
     (folder / "config.yaml").write_text(f"out_dir: {folder}\n")  # differs between runs: not compared
@@ -51,7 +64,7 @@ def write_checkpoint(folder: Path, model: dict[str, torch.Tensor], step: int = 4
         for path in sorted(folder.rglob("*"))
         if path.is_file()
     }
-    meta = {"step": step, "strategy": "fsdp2", "world_size": 1, "time": 0.0, "files": files}
+    meta = {"step": step, "strategy": strategy, "world_size": 1, "time": 0.0, "files": files}
     (folder / "meta.json").write_text(json.dumps(meta))
     return folder
 
@@ -122,6 +135,20 @@ def test_within_the_tolerance_is_equal_and_counters_still_count(
     assert code == 1 and "first difference: step: 4 in A, 5 in B" in out
 
 
+def test_a_param_group_value_and_a_ddp_checkpoint_against_a_sharded_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = write_checkpoint(tmp_path / "a/step-00000004", model_weights())
+    other_rate = write_checkpoint(tmp_path / "b/step-00000004", model_weights(), learning_rate=0.02)
+    code, out = compare(capsys, str(first), str(other_rate))
+    assert code == 1 and "first difference: optimizer.param_groups.0.lr: 0.01 in A, 0.02 in B\n" in out
+    # The optimizer state of ddp's checkpoint, keyed by index, is matched by name through the param groups.
+    ddp = write_checkpoint(tmp_path / "c/step-00000004", model_weights(), strategy="ddp")
+    code, out = compare(capsys, str(ddp), str(first))
+    assert code == 1 and "first difference: meta.json.strategy: 'ddp' in A, 'fsdp2' in B\n" in out
+    assert ", 1 differ" in out
+
+
 class NotATensor:
     """What a crafted checkpoint could hold: an object whose unpickling would run code of its choosing."""
 
@@ -177,5 +204,5 @@ def test_the_first_step_whose_fingerprints_differ_is_named(tmp_path: Path, capsy
     code, out = compare(capsys, "--fingerprints", str(first), str(second))
     assert code == 1
     assert "first divergence at step 3: loss 0.75 in A, 0.5 in B (difference 0.25)" in out
-    assert "agree at 2 steps before it (1-2)" in out
+    assert "agree at the 2 steps both recorded before it (1-2)" in out
     assert compare(capsys, "--fingerprints", str(first), str(second), "--tolerance", "0.3")[0] == 0

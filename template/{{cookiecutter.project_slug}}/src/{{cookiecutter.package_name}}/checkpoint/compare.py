@@ -76,6 +76,7 @@ class Comparison:
 def compare_checkpoints(first: Path, second: Path, tolerance: float = 0.0) -> Comparison:
     """Every entry of two checkpoint folders compared, bitwise (tolerance 0) or to an absolute tolerance."""
     entries = [checkpoint_entries(first), checkpoint_entries(second)]
+    entries = _optimizer_indices_named(*entries)
     names = list(entries[0]) + [name for name in entries[1] if name not in entries[0]]
     names.sort(key=_section)  # stable: the first checkpoint's order within each section
     comparison = Comparison()
@@ -115,19 +116,58 @@ def _comparable(saved: Any) -> Any:
     return {key: value for key, value in saved.items() if key not in NOT_COMPARED} if isinstance(saved, dict) else saved
 
 
+OPTIMIZER_STATE, PARAM_GROUPS = "optimizer.state.", "optimizer.param_groups."
+
+
+def _optimizer_indices_named(first: dict[str, Any], second: dict[str, Any]) -> list[dict[str, Any]]:
+    """Both checkpoints' entries, a plain optimizer's state (ddp's: keyed by parameter index) renamed by the other's
+    parameter names (a sharded optimizer's), matched through their param groups' order as a ddp -> fsdp2 resume
+    matches them; unchanged unless one checkpoint has indices and the other names."""
+    params = [_grouped_params(found) for found in (first, second)]
+    for indexed, named in ((0, 1), (1, 0)):
+        indices, names = params[indexed], params[named]
+        if len(indices) != len(names) or not all(isinstance(index, int) for index in indices):
+            continue
+        if not all(isinstance(name, str) for name in names):
+            continue
+        by_index = {str(index): name for index, name in zip(indices, names, strict=True)}
+        renamed = {}
+        for name, value in (first, second)[indexed].items():
+            if name.startswith(OPTIMIZER_STATE):
+                index, _, rest = name.removeprefix(OPTIMIZER_STATE).partition(".")
+                name = f"{OPTIMIZER_STATE}{by_index.get(index, index)}.{rest}"
+            elif name.startswith(PARAM_GROUPS) and name.endswith(".params"):
+                value = [by_index.get(str(index), index) for index in value]
+            renamed[name] = value
+        return [renamed, second] if indexed == 0 else [first, renamed]
+    return [first, second]
+
+
+def _grouped_params(entries: dict[str, Any]) -> list[Any]:
+    """The parameters (indices or names) of every param group of an optimizer's state, in order."""
+    return [
+        param
+        for name, value in entries.items()
+        if name.startswith(PARAM_GROUPS) and name.endswith(".params") and isinstance(value, list)
+        for param in value
+    ]
+
+
 class _TensorsOnlyPlanner(DefaultLoadPlanner):
     """DCP's load planner whose non-tensor entries are read with `torch.load(weights_only=True)`: DCP's own reads
-    them with weights_only=False, which runs whatever code a crafted checkpoint names. Entries refused are named
-    in `refused` (an error raised here would reach the caller wrapped in DCP's multi-line exception)."""
+    them with weights_only=False, which runs whatever code a crafted checkpoint names. What it reads is kept in
+    `values`; entries refused are named in `refused` (an error raised here would reach the caller wrapped in DCP's
+    multi-line exception)."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.values: dict[str, Any] = {}
         self.refused: list[str] = []
 
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
         key = read_item.dest_index.fqn
         try:
-            self.state_dict[key] = torch.load(value, weights_only=True)
+            self.values[key] = torch.load(value, weights_only=True)
         except pickle.UnpicklingError:
             self.refused.append(key)
 
@@ -151,7 +191,7 @@ def _sharded_entries(state: Path) -> dict[str, Any]:
                 f"checkpoint {state.parent}: entry {planner.refused[0]} holds more than tensors and plain values and"
                 " is not read; a checkpoint from an untrusted source can run code when loaded with weights_only=False"
             )
-        entries.update(values)
+        entries.update(planner.values)
     return entries
 
 

@@ -148,15 +148,17 @@ def divergence_lines(first_run: str, second_run: str, tolerance: float = 0.0) ->
         restarted = f", restarted at step {', '.join(map(str, restarts))}" if restarts else ""
         lines.append(f"{label}  {path}: {span}{restarted}")
     shared = sorted(runs[0].keys() & runs[1].keys())
+    compared = f"loss and grad_norm within {tolerance:g}, params not compared" if tolerance else ", ".join(COMPARED)
     found = first_divergence(runs[0], runs[1], tolerance)
     if found is None:
-        lines.append(f"the runs agree at all {len(shared)} steps both recorded ({', '.join(COMPARED)})")
+        lines.append(f"the runs agree at all {len(shared)} steps both recorded ({compared})")
         return lines, True
     step, differences = found
     lines.append(f"first divergence at step {step}: {differences[0]}")
     lines += [f"  also {difference}" for difference in differences[1:]]
     agreed = [s for s in shared if s < step]
-    lines.append(
-        f"the runs agree at {len(agreed)} steps before it" + (f" ({agreed[0]}-{agreed[-1]})" if agreed else "")
-    )
+    if agreed:
+        lines.append(f"the runs agree at the {len(agreed)} steps both recorded before it ({agreed[0]}-{agreed[-1]})")
+    else:
+        lines.append("it is the first step both recorded")
     return lines, False
