@@ -106,6 +106,15 @@ def test_equal_checkpoints_of_two_runs_exit_0_and_a_run_names_its_newest(
     assert ", 0 differ" in out and "first difference" not in out
 
 
+def test_a_compiled_blocks_wrapper_names_compare_as_the_models_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    compiled = {name.replace("blocks.0.", "blocks.0._orig_mod."): value for name, value in model_weights().items()}
+    first = write_checkpoint(tmp_path / "a/step-00000004", model_weights(), strategy="ddp")
+    second = write_checkpoint(tmp_path / "b/step-00000004", compiled, strategy="ddp")  # a module's state_dict keys
+    assert compare(capsys, str(first), str(second))[0] == 0
+
+
 @pytest.mark.parametrize(
     ("changed", "said"),
     [

@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from ..errors import RecipeError
 from .layout import META_FILE
 from .safety import METADATA, check_metadata, load_tensors
+from .tensors import WRAPPER_PREFIXES
 
 # Sharded tensors read at once (of each checkpoint): bounds the memory a comparison of two large checkpoints takes.
 BATCH_BYTES = 1 << 30
@@ -108,7 +109,15 @@ def checkpoint_entries(path: Path) -> dict[str, Any]:
     for rng_file in sorted((path / "rng").glob("*.pt")):
         entries.update(_flattened(load_tensors(rng_file), f"rng.{rng_file.stem}"))
     entries.update(_flattened(_comparable(json.loads((path / META_FILE).read_text())), META_FILE))
-    return entries
+    return {_without_wrappers(name): value for name, value in entries.items()}
+
+
+def _without_wrappers(name: str) -> str:
+    """A name as the model's own (a compiled or activation-checkpointed block's wrappers left out), so that runs
+    with and without them compare."""
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
 
 
 def _comparable(saved: Any) -> Any:
