@@ -1,4 +1,5 @@
-"""A job killed at any point and resumed with `resume: auto` ends bitwise identical to one never interrupted.
+"""A job killed at any point and resumed with `resume: auto` ends bitwise identical to one never interrupted: its
+losses, its final weights, its per-step fingerprints (logger.fingerprint) and its last checkpoint, entry by entry.
 
 The machinery's own test: it trains the toy task (tests/toy_task/), so it runs in every project, whatever its task.
 """
@@ -13,6 +14,8 @@ import pytest
 import torch
 from helpers import final_weights, losses_by_run, read_csv_metrics, run_cli, toy_train_args
 
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.training.fingerprint import read_fingerprints
 from {{ cookiecutter.package_name }}.training.goodput import LAUNCHED, PHASES, REDONE, STARTUP, phase_key
 
 pytestmark = pytest.mark.slow
@@ -26,13 +29,13 @@ def overrides(strategy: str) -> list[str]:
     return [
         "--strategy.name", strategy, "--data.samples", str(SAMPLES), "--eval.batches", "1",
         "--train.max_steps", str(MAX_STEPS), "--checkpoint.save_every_steps", "8", "--eval.every_steps", "6",
-        "--checkpoint.resume", "auto",
+        "--checkpoint.resume", "auto", "--logger.fingerprint", "true",
     ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, toy_source: Path) -> dict[str, tuple[dict, dict]]:
-    """One uninterrupted run per strategy: (losses by step, final weights)."""
+def reference(tmp_path_factory: pytest.TempPathFactory, toy_source: Path) -> dict[str, tuple[dict, dict, Path]]:
+    """One uninterrupted run per strategy: (losses by step, final weights, its out_dir)."""
     results = {}
     for strategy in ("ddp", "fsdp2"):
         out_dir = tmp_path_factory.mktemp(f"reference-{strategy}")
@@ -42,7 +45,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory, toy_source: Path) -> dic
         assert sorted(losses) == list(range(1, MAX_STEPS + 1))
         epochs = {int(r["step"]): float(r["train/epoch"]) for r in read_csv_metrics(out_dir) if r.get("train/epoch")}
         assert epochs[8] == epochs[12] == 0 and epochs[13] == 1  # the first pass ends with step 13
-        results[strategy] = (losses, final_weights(out_dir, MAX_STEPS))
+        _, fingerprints, restarts = read_fingerprints(out_dir)
+        assert sorted(fingerprints) == list(range(1, MAX_STEPS + 1)) and not restarts
+        results[strategy] = (losses, final_weights(out_dir, MAX_STEPS), out_dir)
     return results
 
 
@@ -58,9 +63,15 @@ def reference(tmp_path_factory: pytest.TempPathFactory, toy_source: Path) -> dic
     ],
 )
 def test_killed_and_resumed_run_is_bitwise_identical(
-    tmp_path: Path, toy_source: Path, reference: dict, strategy: str, fault: str, resumes_at: int | None
+    tmp_path: Path,
+    toy_source: Path,
+    reference: dict,
+    strategy: str,
+    fault: str,
+    resumes_at: int | None,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    expected_losses, expected_weights = reference[strategy]
+    expected_losses, expected_weights, reference_dir = reference[strategy]
     killed = run_cli(*toy_train_args(tmp_path, *overrides(strategy)), fault=fault, source=toy_source)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     if fault.startswith("kill-in-save"):
@@ -86,6 +97,15 @@ def test_killed_and_resumed_run_is_bitwise_identical(
     assert all(torch.equal(weights[name], expected_weights[name]) for name in weights)
     assert_startup_logged(tmp_path, redone=kill_step - (resumes_at or 0), resumed=resumes_at is not None)
 
+    # Every step's loss, gradient norm and parameter hash, as the resumed run last wrote it, is the reference's.
+    _, fingerprints, restarts = read_fingerprints(tmp_path)
+    assert restarts == [resumes_at or 0]
+    assert fingerprints == read_fingerprints(reference_dir)[1]
+    main(["checkpoint", "compare", "--fingerprints", str(tmp_path), str(reference_dir)])  # exit 0: no SystemExit
+    main(["checkpoint", "compare", str(tmp_path), str(reference_dir)])  # the last checkpoints, entry by entry
+    out = capsys.readouterr().out
+    assert f"agree at all {MAX_STEPS} steps both recorded" in out and ", 0 differ" in out
+
 
 def assert_startup_logged(out_dir: Path, redone: int, resumed: bool) -> None:
     """Each lifetime logged its start-up once, in phases that sum to it; the restart the steps it redid."""
@@ -103,7 +123,7 @@ def assert_startup_logged(out_dir: Path, redone: int, resumed: bool) -> None:
 def test_async_save_resumes_bitwise_identical_to_the_synchronous_run(
     tmp_path: Path, toy_source: Path, reference: dict, fault: str
 ) -> None:
-    expected_losses, expected_weights = reference["fsdp2"]
+    expected_losses, expected_weights, _ = reference["fsdp2"]
     asynchronous = [*overrides("fsdp2"), "--checkpoint.async_save", "true"]
     killed = run_cli(*toy_train_args(tmp_path, *asynchronous), fault=fault, source=toy_source)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]

@@ -1,8 +1,10 @@
-"""`<project> checkpoint list|inspect|consolidate`: the checkpoints of a run, what one holds, its weights as one file.
+"""`<project> checkpoint list|inspect|consolidate|compare`: the checkpoints of a run, what one holds, its weights as
+one file, where two differ.
 
 A CHECKPOINT argument is read by checkpoint/layout.py's `resolve_checkpoint` (a step folder, or a run: its
 newest complete checkpoint), as `sample` and `export` read theirs. Listing reads only folders and
-meta.json (no torch); inspecting and consolidating load the state.
+meta.json (no torch); inspecting, consolidating and comparing load the state. `compare --fingerprints` compares
+two runs' per-step fingerprints (training/fingerprint.py) instead: the first step where they part.
 """
 
 from __future__ import annotations
@@ -43,6 +45,18 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
     consolidate.add_argument("output", help="File to write the model weights to.")
     consolidate.add_argument("--force", action="store_true", help="Replace the output file if it exists.")
     actions.add_subcommand("consolidate", consolidate, help="One weights file for plain PyTorch.")
+    compare = ArgumentParser(exit_on_error=False)
+    compare.add_argument("first", help="A checkpoint folder (step-N), or a run: its newest.")
+    compare.add_argument("second", help="The checkpoint (or run) to compare it with.")
+    compare.add_argument("--tolerance", type=float, default=0.0, help="Largest absolute difference taken as equal.")
+    compare.add_argument(
+        "--fingerprints",
+        action="store_true",
+        help="Compare two runs' fingerprints.jsonl (logger.fingerprint): the first step where they part.",
+    )
+    actions.add_subcommand(
+        "compare", compare, help="The first tensor (or step) where two checkpoints (or runs) differ; exit 1 if any."
+    )
 
 
 def run(argv: list[str], prog: str) -> None:
@@ -54,8 +68,11 @@ def run(argv: list[str], prog: str) -> None:
         list_checkpoint_folders(args.list.run)
     elif args.action == "inspect":
         inspect_checkpoint(args.inspect.path)
-    else:
+    elif args.action == "consolidate":
         consolidate_checkpoint(args.consolidate.path, args.consolidate.output, args.consolidate.force)
+    else:
+        compare = args.compare
+        compare_checkpoints_or_runs(compare.first, compare.second, compare.tolerance, compare.fingerprints)
 
 
 def folder_size(path: Path) -> int:
@@ -113,3 +130,23 @@ def consolidate_checkpoint(name: str, output: str, force: bool = False) -> None:
         f"Load: model = task_for(load_recipe('{path / 'config.yaml'}')).build_model()  # {PACKAGE}.tasks, .recipe.load"
     )
     print(f"      model.load_state_dict(torch.load('{output}', weights_only=True))")
+
+
+def compare_checkpoints_or_runs(first: str, second: str, tolerance: float, fingerprints: bool) -> None:
+    """Print where two checkpoints (or, with `fingerprints`, two runs' steps) first differ; exit 1 when they do."""
+    if not tolerance >= 0:
+        raise RecipeError(f"--tolerance={tolerance}: must be 0 (bitwise) or a positive absolute difference")
+    if fingerprints:
+        from ..training.fingerprint import divergence_lines
+
+        lines, same = divergence_lines(first, second, tolerance)
+    else:
+        paths = resolve_checkpoint(first), resolve_checkpoint(second)
+        from ..checkpoint.compare import compare_checkpoints  # imports torch: once the paths are checked
+
+        with working(f"Comparing {paths[0]} with {paths[1]}"):
+            comparison = compare_checkpoints(*paths, tolerance)
+        lines, same = comparison.lines(*paths), not comparison.differences
+    print("\n".join(lines))
+    if not same:
+        raise SystemExit(1)  # like diff and cmp: 0 the same, 1 different, 2 bad input

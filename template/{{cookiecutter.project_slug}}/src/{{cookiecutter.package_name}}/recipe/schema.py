@@ -177,6 +177,9 @@ class LoggerConfig:
             it uploads the whole model.
         straggler_margin: Name the slowest rank in the log when its step time or data wait exceeds
             the median over ranks by this fraction of the median step time (0.2: 20%).
+        fingerprint: Append every step's loss, gradient norm and a hash of the parameters to
+            <out_dir>/fingerprints.jsonl, to find the first step where two runs part
+            (`checkpoint compare --fingerprints`). Off by default: each rank hashes its parameters every step.
     """
 
     name: Literal["wandb", "tensorboard", "csv", "none"] = DEFAULT_LOGGER  # type: ignore[assignment]
@@ -189,6 +192,7 @@ class LoggerConfig:
     peak_tflops: float | None = field(default=None, metadata=bounds(above=0, note="or null to use the GPU table"))
     upload_final_weights: bool = False
     straggler_margin: float = field(default=0.2, metadata=bounds(at_least=0, note="0.2: 20% over the median"))
+    fingerprint: bool = False
 
 
 @dataclass

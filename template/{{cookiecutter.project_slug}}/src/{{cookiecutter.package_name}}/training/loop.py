@@ -32,6 +32,7 @@ from ..strategies import TrainingStrategy
 from ..tasks import Task
 from ..tasks.base import end_model_step
 from .faults import fault_point, poison_loss
+from .fingerprint import Fingerprints
 from .loggers import finish_loggers, log_config, logger_location, upload_final_weights
 from .monitor import Monitor
 from .profiling import StepProfiler
@@ -68,6 +69,7 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
     )
     checkpointer = Checkpointer(fabric, recipe, run.provenance, interval_rule=young_interval)
     profiler = StepProfiler(fabric, recipe)  # only in the steps of profile.steps
+    fingerprints = Fingerprints(fabric, recipe.out_dir, state["step"]) if recipe.logger.fingerprint else None
     decision = None
     watchdog = preemption.watch_for_hangs(recipe.checkpoint.hang_timeout_minutes, fabric.global_rank)
     model.train()
@@ -120,6 +122,8 @@ def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
         state["units_seen"] += units_per_step
         step = state["step"]
         learning_rate = float(run.scheduler.get_last_lr()[0])
+        if fingerprints is not None:  # logger.fingerprint: this step's loss, gradient norm and parameter hash
+            fingerprints.record(step, loss_sum / accumulate, grad_norm, model)
         monitor.step_end(
             step, loss_sum / accumulate, grad_norm, learning_rate, state["units_seen"], run.batches.epoch, model_figures
         )
