@@ -1,11 +1,12 @@
-"""A checkpoint from an untrusted source runs no code: a `.metadata` or RNG file crafted to create a file when
-unpickled is refused in one line by every command that reads checkpoints (resume, inspect, consolidate,
+"""A checkpoint from an untrusted source runs no code: a `.metadata` or RNG file, or a value in the sharded state's
+data (an optimizer's param group), crafted to create a file when unpickled is refused in one line by every command that reads checkpoints (resume, inspect, consolidate,
 export), and the file is never created. The checkpoints a run writes still load."""
 
 from __future__ import annotations
 
 import json
 import pickle
+import warnings
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,39 @@ def craft(checkpoint: Path, relative: str, marker: Path) -> None:
     (checkpoint / "meta.json").write_text(json.dumps(meta))
 
 
+def craft_value(checkpoint: Path, relative: str, marker: Path) -> None:
+    """Rewrite the sharded state with its first optimizer param group's learning rate the payload (a value, which
+    torch's reader unpickles with weights_only=False), keeping meta.json's sizes and digests consistent."""
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter, save
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from {{ cookiecutter.package_name }}.checkpoint.safety import read_entries, values_planner
+
+    state = checkpoint / "state"
+    metadata = FileSystemReader(state).read_metadata().state_dict_metadata
+    kinds = {key: isinstance(entry, TensorStorageMetadata) for key, entry in metadata.items()}
+    tensors = {
+        key: torch.empty(entry.size, dtype=entry.properties.dtype) for key, entry in metadata.items() if kinds[key]
+    }
+    read_entries(tensors, state, None)
+    planner = values_planner()
+    read_entries({key: None for key in metadata if not kinds[key]}, state, planner)
+    entries = {**tensors, **planner.values, "optimizer.param_groups.0.lr": Payload(marker)}
+    for old in [*state.glob("*.distcp"), state / ".metadata"]:
+        old.unlink()
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        save(entries, storage_writer=FileSystemWriter(state), no_dist=True)
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    meta["files"] = {
+        path.relative_to(checkpoint).as_posix(): {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+        for path in sorted(checkpoint.rglob("*"))
+        if path.is_file() and path.name != "meta.json"
+    }  # as an attacker would
+    (checkpoint / "meta.json").write_text(json.dumps(meta))
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-step fsdp2 run (sharded checkpoints at steps 1 and 2)."""
@@ -47,7 +81,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out_dir
 
 
-@pytest.mark.parametrize("relative", ["state/.metadata", "rng/rank-00000.pt", "state/meta.pt"])
+@pytest.mark.parametrize("relative", ["state/.metadata", "rng/rank-00000.pt", "state/meta.pt", "state/*.distcp"])
 def test_a_crafted_checkpoint_runs_no_code_in_any_command(run: Path, tmp_path: Path, relative: str) -> None:
     import shutil
 
@@ -55,17 +89,19 @@ def test_a_crafted_checkpoint_runs_no_code_in_any_command(run: Path, tmp_path: P
     shutil.copytree(run, out_dir)
     checkpoint = out_dir / "checkpoints" / "step-00000002"
     marker = tmp_path / "pwned"
-    craft(checkpoint, relative, marker)
+    (craft_value if relative == "state/*.distcp" else craft)(checkpoint, relative, marker)
     commands = {
         "resume": train_args(out_dir, "--train.max_steps", "3", *SETTINGS),
         "inspect": ["checkpoint", "inspect", str(checkpoint)],
         "consolidate": ["checkpoint", "consolidate", str(checkpoint), str(tmp_path / "weights.pt")],
         "export": ["export", str(checkpoint), str(tmp_path / "hf")],
+        "compare": ["checkpoint", "compare", str(checkpoint), str(run / "checkpoints" / "step-00000002")],
     }
     readers = {
         "state/.metadata": commands,
         "rng/rank-00000.pt": ["resume"],
         "state/meta.pt": ["resume", "inspect", "consolidate"],
+        "state/*.distcp": ["resume", "inspect", "consolidate", "compare"],
     }
     commands = {name: args for name, args in commands.items() if name in readers[relative]}  # the commands that read it
     for name, args in commands.items():

@@ -11,23 +11,19 @@ so two checkpoints larger than memory can be compared.
 
 from __future__ import annotations
 
-import io
 import json
-import pickle
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader, load
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from ..errors import RecipeError
 from .layout import META_FILE
-from .safety import METADATA, check_metadata, load_tensors
+from .safety import METADATA, check_sharded, load_tensors, read_entries, values_planner
 from .tensors import WRAPPER_PREFIXES
 
 # Sharded tensors read at once (of each checkpoint): bounds the memory a comparison of two large checkpoints takes.
@@ -162,28 +158,9 @@ def _grouped_params(entries: dict[str, Any]) -> list[Any]:
     ]
 
 
-class _TensorsOnlyPlanner(DefaultLoadPlanner):
-    """DCP's load planner whose non-tensor entries are read with `torch.load(weights_only=True)`: DCP's own reads
-    them with weights_only=False, which runs whatever code a crafted checkpoint names. What it reads is kept in
-    `values`; entries refused are named in `refused` (an error raised here would reach the caller wrapped in DCP's
-    multi-line exception)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.values: dict[str, Any] = {}
-        self.refused: list[str] = []
-
-    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        key = read_item.dest_index.fqn
-        try:
-            self.values[key] = torch.load(value, weights_only=True)
-        except pickle.UnpicklingError:
-            self.refused.append(key)
-
-
 def _sharded_entries(state: Path) -> dict[str, Any]:
     """The entries of a DCP folder: tensors as `Stored`, the (small) other values read at once."""
-    check_metadata(state)  # before torch's reader unpickles it
+    check_sharded(state)  # before torch's reader unpickles anything of it
     metadata = FileSystemReader(state).read_metadata().state_dict_metadata
     entries: dict[str, Any] = {}
     values: dict[str, Any] = {}
@@ -193,22 +170,10 @@ def _sharded_entries(state: Path) -> dict[str, Any]:
         else:
             entries[key] = values[key] = None
     if values:
-        planner = _TensorsOnlyPlanner()
-        _load(values, state, planner)
-        if planner.refused:
-            raise RecipeError(
-                f"checkpoint {state.parent}: entry {planner.refused[0]} holds more than tensors and plain values and"
-                " is not read; a checkpoint from an untrusted source can run code when loaded with weights_only=False"
-            )
+        planner = values_planner()
+        read_entries(values, state, planner)
         entries.update(planner.values)
     return entries
-
-
-def _load(entries: dict[str, Any], state: Path, planner: DefaultLoadPlanner | None = None) -> None:
-    """Fill `entries` (key -> a tensor of its shape, or None for a value) from a DCP folder, in this process only."""
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
-        load(entries, storage_reader=FileSystemReader(state), planner=planner, no_dist=True)
 
 
 def _flattened(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -254,7 +219,7 @@ def _read(state: Path, entries: dict[str, Any], names: list[str]) -> dict[str, A
     stored = {name: value for name, value in values.items() if isinstance(value, Stored)}
     if stored:
         tensors = {value.key: torch.empty(value.shape, dtype=value.dtype) for value in stored.values()}
-        _load(tensors, state)
+        read_entries(tensors, state, None)
         values.update({name: tensors[value.key] for name, value in stored.items()})
     return values
 

@@ -19,7 +19,7 @@ from ..recipe.registry import STRATEGIES
 from ..recipe.schema import Recipe
 from .layout import META_FILE, damaged_files, list_checkpoints, read_meta, removed_unless_finished, step_of
 from .rng import set_rng_state
-from .safety import check_metadata, load_tensors
+from .safety import check_sharded, load_tensors
 
 
 def verified_resume(fabric: Fabric, path: Path, recipe: Recipe) -> Path:
@@ -60,7 +60,7 @@ def load_checkpoint(fabric: Fabric, path: Path, state: dict[str, Any], recipe: R
     if STRATEGIES(meta["strategy"]).checkpoint_layout == "sharded":  # torch.distributed.checkpoint's layout
         from lightning.fabric.strategies.model_parallel import _METADATA_FILENAME
 
-        check_metadata(path / "state")
+        check_sharded(path / "state")
         load_tensors(path / "state" / _METADATA_FILENAME)
     for rng_file in sorted((path / "rng").glob("*.pt")):
         load_tensors(rng_file)
@@ -141,7 +141,7 @@ def load_sharded_state(path: Path) -> dict[str, Any]:
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    check_metadata(path)  # before torch's reader unpickles it
+    check_sharded(path)  # before torch's reader unpickles it
     full: dict[str, Any] = {}
     _load_state_dict(full, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
     full.update(load_tensors(path / _METADATA_FILENAME))

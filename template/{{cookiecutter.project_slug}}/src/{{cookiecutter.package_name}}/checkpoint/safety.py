@@ -4,9 +4,11 @@ torch.distributed.checkpoint reads a sharded checkpoint's `.metadata` with pickl
 any function a file names: a crafted checkpoint would run code in `train` (resume), `checkpoint inspect`,
 `consolidate`, `export`, `sample`/`predict`, on every rank. Before torch reads one, `check_metadata` unpickles it
 with an unpickler that builds only what DCP's metadata is made of (its dataclasses, torch.Size, dtypes,
-layouts, paths); anything else refuses the checkpoint in one line and nothing of it is called. Every other
-file is read with `torch.load(weights_only=True)` (tensors and plain containers only), whose refusal becomes
-one line too (`load_tensors`).
+layouts, paths); anything else refuses the checkpoint in one line and nothing of it is called. Its data files
+hold, beside tensors, values (an optimizer's param groups, a scheduler's state) that torch's reader unpickles with
+`weights_only=False`: `check_values` reads each of them first with `weights_only=True` (`check_sharded` runs both
+checks). Every other file is read with `torch.load(weights_only=True)` (tensors and plain containers only), whose
+refusal becomes one line too (`load_tensors`).
 """
 
 from __future__ import annotations
@@ -64,6 +66,65 @@ def check_metadata(state: Path) -> None:
             f"checkpoint {state.parent}: {path} is not a checkpoint's metadata and is not read ({error}); a checkpoint"
             " from an untrusted source can run code when loaded, see docs/failures-and-checkpoints.md (Checkpoints)"
         ) from None
+
+
+def check_values(state: Path) -> None:
+    """Refuse a sharded checkpoint folder (its metadata checked) whose non-tensor entries hold more than tensors and
+    plain values, each read with `torch.load(weights_only=True)` in this process (they are small)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = FileSystemReader(state).read_metadata().state_dict_metadata
+    planner = values_planner()
+    values = {key: None for key, entry in metadata.items() if type(entry).__name__ == "BytesStorageMetadata"}
+    if values:
+        read_entries(values, state, planner)
+    if planner.refused:
+        raise RecipeError(
+            f"checkpoint {state.parent}: entry {planner.refused[0]} holds more than tensors and plain values and is not"
+            " read; a checkpoint from an untrusted source can run code when loaded, see docs/failures-and-checkpoints.md"
+            " (Checkpoints)"
+        )
+
+
+def check_sharded(state: Path) -> None:
+    """`check_metadata`, then `check_values`: what a sharded checkpoint folder must pass before torch reads it."""
+    check_metadata(state)
+    check_values(state)
+
+
+def values_planner() -> Any:
+    """A load planner of torch.distributed.checkpoint that reads non-tensor entries with `torch.load(weights_only=True)`
+    (torch's own uses weights_only=False, which runs whatever code a crafted checkpoint names): what it reads lands in
+    its `values`, the keys it refused in its `refused` (an error raised inside DCP's load would reach the caller
+    wrapped in DCP's multi-line exception)."""
+    import torch
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class ValuesPlanner(DefaultLoadPlanner):
+        def __init__(self) -> None:
+            super().__init__()
+            self.values: dict[str, Any] = {}
+            self.refused: list[str] = []
+
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            key = read_item.dest_index.fqn
+            try:
+                self.values[key] = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError:
+                self.refused.append(key)
+
+    return ValuesPlanner()
+
+
+def read_entries(entries: dict[str, Any], state: Path, planner: Any) -> None:
+    """Read `entries` (key -> a tensor of its shape, or None for a value) from a DCP folder in this process only."""
+    import warnings
+
+    from torch.distributed.checkpoint import FileSystemReader, load
+
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        load(entries, storage_reader=FileSystemReader(state), planner=planner, no_dist=True)
 
 
 def load_tensors(path: Path, **options: Any) -> Any:
