@@ -70,6 +70,21 @@ print(preemption.received, os.waitpid(child, os.WNOHANG) == (0, 0), flush=True)
 os.kill(child, signal.SIGKILL)
 """
 
+# After a run in the same process, a command puts its own SIGTERM handler in place (as export's cleanup does) and
+# receives two: they are its own, not a stop of the run (a second signal would end the process at once).
+ANOTHER_HANDLER_SINCE = """
+import os, signal, time
+from {{ cookiecutter.package_name }}.cluster.preemption import Preemption
+preemption = Preemption(deadline_seconds=600)
+caught = []
+signal.signal(signal.SIGTERM, lambda signum, frame: caught.append(signum))
+print("ready", flush=True)
+for _ in range(2):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.3)
+print(preemption.received, len(caught), flush=True)
+"""
+
 
 def start(code: str, *args: str, **env: str) -> subprocess.Popen:
     """Run `code` in a new Python process; return once it printed its first line."""
@@ -230,3 +245,10 @@ def test_only_the_process_that_becomes_rank_zero_takes_the_lock(
             assert lock_out_dir(tmp_path) is None, variables  # not rank 0: it neither takes nor checks the lock
     holder.kill()
     holder.wait(timeout=10)
+
+
+def test_signals_to_a_handler_put_in_place_after_the_runs_are_left_to_it() -> None:
+    process = start(ANOTHER_HANDLER_SINCE)
+    stdout, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    assert stdout.strip() == "0 2"  # the run recorded no stop; the command's handler caught both

@@ -179,7 +179,9 @@ def _listen_for(signals: tuple[signal.Signals, ...], catch: Callable[[int], None
     def listen() -> None:
         while received := reader.recv(64):
             for signum in received:
-                if signum in signals:
+                # Only while `handler` is the signal's: code that put its own in place since (a command's cleanup
+                # on SIGTERM, after a run in the same process) handles the signal itself.
+                if signum in signals and signal.getsignal(signum) is handler:
                     catch(signum)
         reader.close()
 
