@@ -277,40 +277,41 @@ def plan(inputs: Inputs) -> Plan:
     return Plan(inputs, first, best, micro_batch, reason(best, inputs, micro_batch, cheapest))
 
 
-PIPELINE_QUICKER = 2.0  # how much quicker a pipeline's step bound must be to pass over the cheapest that fits
+QUICKER = 2.0  # how much quicker a pipeline's or an expert-parallel degree's bound must be to pass over the cheapest
 
 
 def choose(fitting: list[Estimate], devices: int) -> tuple[Estimate, Estimate]:
     """(the recommendation, the cheapest that fits), from `fitting` in candidate order. Recomputing activations costs
     a third more compute: only candidates without it if any fits so, the first in cost order (a pipeline: its layout's
     quickest schedule; an option that splits experts: its quickest expert-parallel degree, 1 included, by the step
-    bound or else the volume, ties to groups inside a node of `devices`, then the smaller). A pipeline that fits is
-    taken instead when its step-time bound is PIPELINE_QUICKER times the cheapest's or better: its stages keep their
-    gathers inside a node, so over slow links between nodes it can beat sharding across them. The bound ignores how
-    well communication overlaps and what a schedule costs beyond its bubble."""
+    bound or else the volume, ties to groups inside a node of `devices`, then the smaller). A pipeline or an
+    expert-parallel degree that fits is taken instead when its step-time bound is QUICKER times the cheapest's or
+    better: a pipeline's stages keep their gathers inside a node, so over slow links between nodes it can beat
+    sharding across them; expert parallel gathers a layer's local experts only. The bound ignores how well
+    communication overlaps and what a schedule costs beyond its bubble."""
     order = {e.candidate.name: index for index, e in enumerate(fitting)}
     tier = sorted((e for e in fitting if e.checkpointing == min(e.checkpointing for e in fitting)),
                   key=lambda e: order[e.candidate.name])  # fmt: skip
+
+    def quickest(estimates: list[Estimate]) -> Estimate:
+        return min(estimates, key=lambda e: (
+            e.comm_vs_ddp if e.step_seconds is None else e.step_seconds,
+            experts.spans_nodes(e.candidate.option, devices), order[e.candidate.name]))  # fmt: skip
+
     cheapest = tier[0]
     if (option := cheapest.candidate.option).splits_experts:
-        degrees = [e for e in tier if experts.same_but_degree(e.candidate.option, option)]
-        quickest = min(degrees, key=lambda e: (
-            e.comm_vs_ddp if e.step_seconds is None else e.step_seconds,
-            experts.spans_nodes(e.candidate.option, devices), e.candidate.option.expert_parallel))  # fmt: skip
-        if quickest is not cheapest:
-            return quickest, cheapest
+        best = quickest([e for e in tier if experts.same_but_degree(e.candidate.option, option)])
+        if best is not cheapest:
+            return best, cheapest
     if cheapest.step_seconds is None:
         return cheapest, cheapest
     if cheapest.pipeline is not None:  # the same layout under its quickest schedule (they hold the same)
         same = [e for e in tier if e.pipeline and e.candidate.option.layout() == cheapest.candidate.option.layout()]
-        return min(same, key=lambda e: (e.step_seconds or 0.0, order[e.candidate.name])), cheapest
-    pipelines = [
-        (e.step_seconds, order[e.candidate.name], e) for e in tier if e.pipeline and e.step_seconds is not None
-    ]
-    if pipelines:
-        seconds, _, quickest = min(pipelines, key=lambda bound: bound[:2])
-        if seconds * PIPELINE_QUICKER <= cheapest.step_seconds:
-            return quickest, cheapest
+        return quickest(same), cheapest
+    rivals = [e for e in tier if (e.pipeline or e.candidate.option.expert_parallel > 1) and e.step_seconds is not None]
+    best = quickest(rivals) if rivals else cheapest
+    if best.step_seconds is not None and best.step_seconds * QUICKER <= cheapest.step_seconds:
+        return best, cheapest
     return cheapest, cheapest
 
 
