@@ -56,15 +56,12 @@ def with_degrees(candidates: tuple[Candidate, ...], inputs: Inputs) -> list[Cand
     offered = []
     for candidate in candidates:
         offered.append(candidate)
-        if sizes is not None and candidate.option.splits_experts:
-            for degree in degrees(sizes.experts, inputs.world_size // candidate.tensor_parallel):
-                option = candidate.option
-                name = f"{option.name}_ep{degree}"
-                offered.append(
-                    Candidate(
-                        candidate.strategy, dataclasses.replace(option, name=name, expert_parallel=degree, why=WHY)
-                    )
-                )
+        if sizes is None or not candidate.option.splits_experts:
+            continue
+        for degree in degrees(sizes.experts, inputs.world_size // candidate.tensor_parallel):
+            name = f"{candidate.name}_ep{degree}"
+            option = dataclasses.replace(candidate.option, name=name, expert_parallel=degree, why=WHY)
+            offered.append(Candidate(candidate.strategy, option))
     return offered
 
 

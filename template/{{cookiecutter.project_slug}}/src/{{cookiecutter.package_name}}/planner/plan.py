@@ -17,8 +17,10 @@ and ZeRO 1-2, 1.5x for ZeRO-3 / FSDP2 (ZeRO paper, section 7), hsdp 1.5x inside 
 across nodes, tensor parallel the all-reduces of s*b*h the task counts per layer (`tensor_parallel_all_reduces`). The step time is a
 lower bound: max(FLOPs / peak, data-parallel bytes / bandwidth, host or NVMe traffic) + tensor-parallel
 all-reduces (they sit on the critical path), for one optimizer step of the recipe's global batch; a pipeline
-stage whose ranks fit in a node reduces over the node's links. The pick (`choose`): the first that fits in
-cost order, or a pipeline whose bound is at most half of that one's.
+stage whose ranks fit in a node reduces over the node's links. A mixture of experts is also offered each
+expert-parallel degree of an option that splits experts (experts.py: fewer experts gathered, all-to-alls of the
+routed rows on the critical path). The pick (`choose`): the first that fits in cost order (its quickest
+expert-parallel degree), or a pipeline or an expert-parallel degree whose bound is at most half of that one's.
 """
 
 from __future__ import annotations
