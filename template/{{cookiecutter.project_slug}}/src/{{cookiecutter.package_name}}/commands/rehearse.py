@@ -136,6 +136,7 @@ def planned(recipe: Recipe, device: Device) -> dict[str, Any] | None:
     """What plan says one rank of this recipe holds (torch's split of the model states) and the collectives of its
     step (where plan's communication model counts them, with the step decision's all_reduce), or None without
     size formulas or a plan option for the recipe's layout."""
+    from ..planner.experts import expert_collectives, expert_units
     from ..planner.hardware import INTERCONNECTS
     from ..planner.plan import Candidate, estimate, plan_inputs
     from ..precision import torch_model_states
@@ -152,11 +153,12 @@ def planned(recipe: Recipe, device: Device) -> dict[str, Any] | None:
     states = torch_model_states(shares.parameters, recipe.precision, option.stage, shares.data_parallel, shares.trained)
     checkpointed = recipe.strategy.activation_checkpointing
     activations = result.activations.checkpointed_peak if checkpointed else result.activations.peak
-    micro_batches = recipe.train.grad_accum_steps
-    collectives = strategy.plan_collectives(option, cost.n_layer, micro_batches, root_trains=trained is None)
+    micro_batches, apart = recipe.train.grad_accum_steps, expert_units(cost, option, shares.data_parallel)
+    collectives = strategy.plan_collectives(option, cost.n_layer, micro_batches, trained is None, apart)
     if collectives is not None:
         config, plain = recipe.strategy, cost.tensor_parallel_all_reduces(False)
         recomputed = -(-cost.n_layer // config.activation_checkpointing_every) if checkpointed else 0
+        collectives |= expert_collectives(cost, option, micro_batches, recomputed)  # all-to-alls: planner/experts.py
         per_block = cost.tensor_parallel_all_reduces(True) - plain
         tensor_parallel = (cost.n_layer * plain + recomputed * per_block) * micro_batches
         # the step decision's one fused all_reduce, and tensor parallel's

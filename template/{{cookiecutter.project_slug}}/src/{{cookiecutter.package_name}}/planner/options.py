@@ -23,6 +23,8 @@ class PlanOption:
     pipeline_parallel: int = 1  # stages the blocks are split into, one group of devices each
     pipeline_schedule: str = "1F1B"  # GPipe | 1F1B | Interleaved1F1B | InterleavedZeroBubble | ZBVZeroBubble
     pipeline_stages_per_rank: int = 1
+    splits_experts: bool = False  # can split a mixture of experts' experts over its data-parallel ranks
+    expert_parallel: int = 1  # data-parallel ranks that split each layer's experts (rows reach them by all-to-all)
 
     def layout(self) -> tuple[int, int]:
         """(pipeline, tensor parallel) sizes: options that differ only in their schedule share a layout."""

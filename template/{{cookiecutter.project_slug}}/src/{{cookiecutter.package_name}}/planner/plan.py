@@ -17,8 +17,10 @@ and ZeRO 1-2, 1.5x for ZeRO-3 / FSDP2 (ZeRO paper, section 7), hsdp 1.5x inside 
 across nodes, tensor parallel the all-reduces of s*b*h the task counts per layer (`tensor_parallel_all_reduces`). The step time is a
 lower bound: max(FLOPs / peak, data-parallel bytes / bandwidth, host or NVMe traffic) + tensor-parallel
 all-reduces (they sit on the critical path), for one optimizer step of the recipe's global batch; a pipeline
-stage whose ranks fit in a node reduces over the node's links. The pick (`choose`): the first that fits in
-cost order, or a pipeline whose bound is at most half of that one's.
+stage whose ranks fit in a node reduces over the node's links. A mixture of experts is also offered each
+expert-parallel degree of an option that splits experts (experts.py: fewer experts gathered, all-to-alls of the
+routed rows on the critical path). The pick (`choose`): the first that fits in cost order (its quickest
+expert-parallel degree), or a pipeline or an expert-parallel degree whose bound is at most half of that one's.
 """
 
 from __future__ import annotations
@@ -28,34 +30,21 @@ from typing import Any
 
 from ..precision import MIXED, States, zero_model_states
 from ..recipe.schema import Recipe
-from ..strategies import REGISTRY, TrainingStrategy
+from ..strategies import REGISTRY
 from ..tasks.base import Activations, ModelCost
+from . import experts
 from .hardware import NVME_GB_S, PCIE_GB_S
-from .options import PlanOption, PlanSizes
+from .inputs import Candidate, Device, Inputs
+from .options import PlanSizes
 from .pipeline import PipelineTerms, pipeline_terms
 from .units import GB, size
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One strategy the plan weighs: an option a strategy family declared, and that family."""
-
-    strategy: TrainingStrategy
-    option: PlanOption
-
-    @property
-    def name(self) -> str:
-        return self.option.name
-
-    @property
-    def tensor_parallel(self) -> int:
-        return self.option.tensor_parallel
-
-
-def cost(candidate: Candidate) -> tuple[int, int, int, float, int, bool]:
+def cost(candidate: Candidate) -> tuple[int, int, int, float, int, bool, int]:
     """Cheaper first: no host or NVMe traffic, then no tensor parallel (its all-reduces sit on the critical path),
     then fewer pipeline stages (a pipeline idles in its bubble), then less data-parallel communication (1x before 1.5x), a lower ZeRO stage, and hsdp before full sharding,
-    since only a shard of the gradients crosses the nodes. Ties keep the registry's order (fsdp2 before zero3)."""
+    since only a shard of the gradients crosses the nodes, then a lower expert-parallel degree (an option's degrees
+    follow it: `choose` weighs them by time). Ties keep the registry's order (fsdp2 before zero3)."""
     option = candidate.option
     return (
         ("none", "cpu", "nvme").index(option.offload),
@@ -64,50 +53,12 @@ def cost(candidate: Candidate) -> tuple[int, int, int, float, int, bool]:
         option.comm_vs_ddp,
         option.stage,
         not option.hybrid,
+        option.expert_parallel,
     )
 
 
 STRATEGIES = [family(Recipe()) for family in REGISTRY.values()]  # their plan options need no recipe of their own
 CANDIDATES = tuple(sorted((Candidate(s, option) for s in STRATEGIES for option in s.plan_options()), key=cost))
-
-
-@dataclass(frozen=True)
-class Device:
-    """One device as the plan assumes it."""
-
-    name: str
-    memory_bytes: int
-    peak_tflops: float | None  # dense, at the plan's precision; None: no step-time bound
-    intra_node_gb_s: float
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """What the plan is asked about: a model, a layout, a device and its links."""
-
-    cost: ModelCost  # the task's size formulas for its model
-    task: str  # the recipe's task: plan names a library recipe of its layout only when it is of that task
-    parameters: int
-    precision: str
-    devices: int
-    num_nodes: int
-    micro_batch: int
-    grad_accum: int
-    gpu: Device
-    inter_node_gb_s: float
-    margin: float = 0.1
-    cpu: bool = False
-    host_memory_bytes: float | None = None
-    refused: dict[str, str] | None = None  # candidate name -> why the task's recipe cannot run it
-    trained: float = 1.0  # the share of the parameters that train (adapters: a small one), the rest frozen
-
-    @property
-    def world_size(self) -> int:
-        return self.devices * self.num_nodes
-
-    @property
-    def budget(self) -> float:
-        return self.gpu.memory_bytes * (1 - self.margin)
 
 
 @dataclass(frozen=True)
@@ -187,7 +138,8 @@ def unavailable(candidate: Candidate, inputs: Inputs) -> str | None:
     stages, pp = option.pipeline_parallel * option.pipeline_stages_per_rank, option.pipeline_parallel
     if pp > 1 and (inputs.world_size % (pp * t) or inputs.cost.n_layer < stages):
         return f"{pp} pipeline stages x tensor parallel {t} must divide {inputs.world_size} ranks, {stages} <= n_layer"
-    return (inputs.refused or {}).get(candidate.name)
+    refused = inputs.refused or {}  # an expert-parallel degree is refused where its option is
+    return refused.get(candidate.name) or refused.get(candidate.name.removesuffix(f"_ep{option.expert_parallel}"))
 
 
 def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate:
@@ -206,7 +158,8 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
         pipeline = pipeline_terms(cost, pp, schedule, per_rank, micro_batch, micro_batch, precision, t, sixteen_bit)
         local = pipeline.layers * layer + root  # the largest stage: its blocks and (at most) every module outside
     paper = zero_model_states(local, precision, option.stage, data_parallel, inputs.trained)
-    sizes = PlanSizes(local, layer, root, precision, data_parallel, inputs.trained)
+    apart = experts.not_gathered(cost, option, data_parallel) * scale  # expert parallel: experts a rank never gathers
+    sizes = PlanSizes(local, layer - apart, root, precision, data_parallel, inputs.trained)
     extra = candidate.strategy.plan_runtime_terms(option, sizes)
     offloaded = 0.0
     if option.offload != "none":  # the states (and what lives with the optimizer) leave the GPU, per node
@@ -222,7 +175,8 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
     fits = why_not is None and total <= inputs.budget
     if option.offload == "cpu" and inputs.host_memory_bytes is not None:
         fits = fits and offloaded <= inputs.host_memory_bytes
-    comm, seconds = communication(candidate, inputs, micro_batch, local, data_parallel, checkpointing, pipeline)
+    gathered = local - experts.expert_layers(cost) * apart
+    comm, seconds = communication(candidate, inputs, micro_batch, gathered, data_parallel, checkpointing, pipeline)
     return Estimate(
         candidate, why_not, paper, offloaded, terms, acts, checkpointing, total, fits, comm, seconds, pipeline, sizes
     )
@@ -243,7 +197,8 @@ def communication(
     so a tensor-parallel group of t devices runs t times as many micro-batches per data-parallel rank.
     Sharded parameters are gathered again for every micro-batch; the gradients of ddp and ZeRO 1-2
     are reduced once per step. A pipeline of p stages likewise runs p times as many micro-batches per
-    data-parallel rank, idles in its bubble, and sends activations between stages across nodes.
+    data-parallel rank, idles in its bubble, and sends activations between stages across nodes. Expert parallel
+    exchanges each micro-batch's routed rows by all-to-all on the critical path (experts.py).
     """
     cost, option, t, p = inputs.cost, candidate.option, candidate.tensor_parallel, inputs.parameters
 
@@ -260,7 +215,9 @@ def communication(
     p2p = pipeline.p2p_elements if pipeline else 0.0
     data, tensor = elements(group)
     across_nodes = 2 * local / inputs.devices if option.hybrid else 0.0  # the replicas' all-reduce
-    ratio = (data + across_nodes + tensor + p2p) / (2 * p)  # one micro-batch per device, as in the ZeRO paper
+    rows = experts.exchanged_elements(cost, option, micro_batch, checkpointing)  # every routed row, kept ones too
+    sent = rows * experts.sent_share(option)
+    ratio = (data + across_nodes + tensor + p2p + sent) / (2 * p)  # one micro-batch per device, as in the ZeRO paper
     if inputs.cpu:
         return ratio, None
     data, tensor = elements(inputs.grad_accum * group)
@@ -296,53 +253,67 @@ def communication(
         host = 2 * 16 * local / data_parallel * inputs.devices / (NVME_GB_S * GB)
     activation_bytes = 4 if inputs.precision == "32-true" else 2
     network += p2p * inputs.grad_accum * activation_bytes / across
-    return ratio, max(compute, network, host) + tensor * activation_bytes / intra
+    exchange = experts.exchange_seconds(
+        rows * inputs.grad_accum * activation_bytes, option, inputs.devices, intra, across
+    )
+    return ratio, max(compute, network, host) + tensor * activation_bytes / intra + exchange
 
 
 def plan(inputs: Inputs) -> Plan:
-    """Every candidate at the recipe's micro batch, and the cheapest that fits (in CANDIDATES order, without
-    activation checkpointing if any fits so); when none fits, the micro batch is halved until one does."""
-    micro_batch = inputs.micro_batch
-    estimates = first = [estimate(candidate, inputs, micro_batch) for candidate in CANDIDATES]
+    """Every candidate (with a mixture of experts' expert-parallel degrees) at the recipe's micro batch, and the
+    cheapest that fits (in CANDIDATES order, without activation checkpointing if any fits so); when none fits, the
+    micro batch is halved until one does."""
+    micro_batch, candidates = inputs.micro_batch, experts.with_degrees(CANDIDATES, inputs)
+    estimates = first = [estimate(candidate, inputs, micro_batch) for candidate in candidates]
     while True:
         fitting = [e for e in estimates if e.fits]
         if fitting or micro_batch == 1:
             break
         micro_batch = max(1, micro_batch // 2)
-        estimates = [estimate(candidate, inputs, micro_batch) for candidate in CANDIDATES]
+        estimates = [estimate(candidate, inputs, micro_batch) for candidate in candidates]
     if not fitting:
         return Plan(inputs, first, reason=nothing_fits(first, inputs))
-    best, cheapest = choose(fitting)
+    best, cheapest = choose(fitting, inputs.devices)
     if micro_batch != inputs.micro_batch:
         first = [e if e.candidate != best.candidate else best for e in first]
     return Plan(inputs, first, best, micro_batch, reason(best, inputs, micro_batch, cheapest))
 
 
-PIPELINE_QUICKER = 2.0  # how much quicker a pipeline's step bound must be to pass over the cheapest that fits
+QUICKER = 2.0  # how much quicker a pipeline's or an expert-parallel degree's bound must be to pass over the cheapest
 
 
-def choose(fitting: list[Estimate]) -> tuple[Estimate, Estimate]:
-    """(the recommendation, the cheapest that fits). Recomputing activations costs a third more compute: only
-    candidates without it if any fits so, the first in cost order (a pipeline: its layout's quickest schedule). A
-    pipeline that fits is taken instead when its step-time bound is PIPELINE_QUICKER times the cheapest's or
-    better: its stages keep their gathers inside a node, so over slow links between nodes it can beat sharding
-    across them. The bound ignores how well communication overlaps and what a schedule costs beyond its bubble."""
-    order = {candidate.name: index for index, candidate in enumerate(CANDIDATES)}
+def choose(fitting: list[Estimate], devices: int) -> tuple[Estimate, Estimate]:
+    """(the recommendation, the cheapest that fits), from `fitting` in candidate order. Recomputing activations costs
+    a third more compute: only candidates without it if any fits so, the first in cost order (a pipeline: its layout's
+    quickest schedule; an option that splits experts: its quickest expert-parallel degree, 1 included, by the step
+    bound or else the volume, ties to groups inside a node of `devices`, then the smaller). A pipeline or an
+    expert-parallel degree that fits is taken instead when its step-time bound is QUICKER times the cheapest's or
+    better: a pipeline's stages keep their gathers inside a node, so over slow links between nodes it can beat
+    sharding across them; expert parallel gathers a layer's local experts only. The bound ignores how well
+    communication overlaps and what a schedule costs beyond its bubble."""
+    order = {e.candidate.name: index for index, e in enumerate(fitting)}
     tier = sorted((e for e in fitting if e.checkpointing == min(e.checkpointing for e in fitting)),
                   key=lambda e: order[e.candidate.name])  # fmt: skip
+
+    def quickest(estimates: list[Estimate]) -> Estimate:
+        return min(estimates, key=lambda e: (
+            e.comm_vs_ddp if e.step_seconds is None else e.step_seconds,
+            experts.spans_nodes(e.candidate.option, devices), order[e.candidate.name]))  # fmt: skip
+
     cheapest = tier[0]
+    if (option := cheapest.candidate.option).splits_experts:
+        best = quickest([e for e in tier if experts.same_but_degree(e.candidate.option, option)])
+        if best is not cheapest:
+            return best, cheapest
     if cheapest.step_seconds is None:
         return cheapest, cheapest
     if cheapest.pipeline is not None:  # the same layout under its quickest schedule (they hold the same)
         same = [e for e in tier if e.pipeline and e.candidate.option.layout() == cheapest.candidate.option.layout()]
-        return min(same, key=lambda e: (e.step_seconds or 0.0, order[e.candidate.name])), cheapest
-    pipelines = [
-        (e.step_seconds, order[e.candidate.name], e) for e in tier if e.pipeline and e.step_seconds is not None
-    ]
-    if pipelines:
-        seconds, _, quickest = min(pipelines, key=lambda bound: bound[:2])
-        if seconds * PIPELINE_QUICKER <= cheapest.step_seconds:
-            return quickest, cheapest
+        return quickest(same), cheapest
+    rivals = [e for e in tier if (e.pipeline or e.candidate.option.expert_parallel > 1) and e.step_seconds is not None]
+    best = quickest(rivals) if rivals else cheapest
+    if best.step_seconds is not None and best.step_seconds * QUICKER <= cheapest.step_seconds:
+        return best, cheapest
     return cheapest, cheapest
 
 
@@ -359,14 +330,20 @@ def reason(best: Estimate, inputs: Inputs, micro_batch: int, cheapest: Estimate 
         pipeline_parallel=option.pipeline_parallel,
         bubble=f"{best.pipeline.bubble:.0%}" if best.pipeline else "none",
         schedule=option.pipeline_schedule,
+        expert_parallel=option.expert_parallel,
     )
     how = "with activation checkpointing" if best.checkpointing else "without activation checkpointing"
     batch = f"micro batch {micro_batch}" + (
         f" (halved from {inputs.micro_batch})" if micro_batch != inputs.micro_batch else ""
     )
     fits = f"({size(best.total)} of {size(inputs.budget)} per {device_word(inputs)}, {how}, {batch})"
-    if cheapest is None or cheapest is best or best.step_seconds is None or cheapest.step_seconds is None:
+    if cheapest is None or cheapest is best:
         return f"{option.name} is the cheapest that fits {fits}: {why}."
+    if best.step_seconds is None or cheapest.step_seconds is None:  # no step bound: weighed by volume
+        return (
+            f"{option.name} fits {fits} and moves {best.comm_vs_ddp:.2f}x ddp's volume against"
+            f" {cheapest.comm_vs_ddp:.2f}x for {cheapest.candidate.name}, the cheapest that fits: {why}."
+        )
     return (
         f"{option.name} fits {fits} and its step is bound at {best.step_seconds:.2f} s against"
         f" {cheapest.step_seconds:.2f} s for {cheapest.candidate.name}, the cheapest that fits: {why}."

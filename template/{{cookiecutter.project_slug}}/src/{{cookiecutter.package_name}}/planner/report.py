@@ -25,6 +25,8 @@ def library_recipes(option: PlanOption) -> tuple[str, str, str]:
         return "cpu-tp-debug", "fsdp2-tp-multinode", "fsdp2-tp-multinode"
     if option.hybrid:
         return "cpu-hsdp-debug", "hsdp-multinode", "hsdp-multinode"
+    if option.expert_parallel > 1:
+        return "cpu-moe-debug", "fsdp2-node", "fsdp2-multinode"
     if option.stage == 0:
         return "cpu-debug", "ddp-node", "ddp-node"
     if not option.runs_on_cpu:  # ZeRO's stages as DeepSpeed runs them: the one GPU-only runtime plan weighs
@@ -193,6 +195,7 @@ def to_json(result: Plan) -> dict[str, Any]:
             "activation_checkpointing": best.checkpointing,
             "micro_batch_size": result.micro_batch,
             "tensor_parallel_size": best.candidate.tensor_parallel,
+            "expert_parallel_size": best.candidate.option.expert_parallel,
         }
     return {
         "parameters": inputs.parameters,

@@ -163,6 +163,7 @@ class FSDP2(TrainingStrategy):
             stage=3,
             why=f"the parameters must be sharded too (1.5x ddp's communication); {self.name} is the default for that",
             comm_vs_ddp=1.5,
+            splits_experts=True,  # expert_checks.py: without tensor or pipeline parallel or hsdp's replicas
             **BF16_POLICY,
         )
         # Blocks split into stages across nodes (activations cross the slow links, not parameters), each stage
@@ -194,14 +195,17 @@ class FSDP2(TrainingStrategy):
         return super().rehearsal_problem()
 
     def recipe_plan_option(self) -> PlanOption | None:
-        """The recipe's own layout: its tensor-parallel size, pipeline stages and schedule."""
+        """The recipe's own layout: its tensor-parallel size, pipeline stages and schedule, expert-parallel degree."""
         import dataclasses
 
         options, stages, size = self.options, self.pipeline_parallel_size, self.tensor_parallel_size
+        experts = options.expert_parallel_size
+        parts = (("pp", stages), ("tp", size), ("ep", experts))
         return dataclasses.replace(
             self.plan_options()[0],
-            name=self.name + (f"_pp{stages}" if stages > 1 else "") + (f"_tp{size}" if size > 1 else ""),
+            name=self.name + "".join(f"_{key}{n}" for key, n in parts if n > 1),
             tensor_parallel=size,
+            expert_parallel=experts,
             pipeline_parallel=stages,
             pipeline_schedule=options.pipeline_schedule if stages > 1 else "1F1B",
             pipeline_stages_per_rank=options.pipeline_stages_per_rank if stages > 1 else 1,
@@ -213,6 +217,9 @@ class FSDP2(TrainingStrategy):
         sixteen_bit = sizes.precision in MIXED
         weight = 2 if sixteen_bit else torch_model_states(1, sizes.precision, 0, 1).parameters
         gradient = 2 + 4 if sixteen_bit else weight
+        root = PlanTerm(
+            "root (embeddings, head) gathered for the step", weight * sizes.root * (1 - 1 / sizes.data_parallel)
+        )
         if option.pipeline_parallel > 1:
             # torch's pipeline stages keep each block gathered after its backward and accumulate its gradient
             # unsharded (in fp32 under bf16-mixed, fully_shard's reduce dtype) until the step's last piece, when the
@@ -224,32 +231,30 @@ class FSDP2(TrainingStrategy):
                     "their unsharded gradients, summed over the pieces",
                     (4 if sixteen_bit else weight) * blocks * sizes.trained,
                 ),
-                PlanTerm(
-                    "root (embeddings, head) gathered for the step", weight * sizes.root * (1 - 1 / sizes.data_parallel)
-                ),
+                root,
             ]
         return [
             PlanTerm("gathered layer, current and prefetched", 2 * weight * sizes.layer),
             PlanTerm("its unsharded gradient", gradient * sizes.layer * sizes.trained),
-            PlanTerm(
-                "root (embeddings, head) gathered for the step", weight * sizes.root * (1 - 1 / sizes.data_parallel)
-            ),
+            root,
         ]
 
     def plan_collectives(
-        self, option: PlanOption, blocks: int, micro_batches: int, root_trains: bool = True
+        self, option: PlanOption, blocks: int, micro_batches: int, root_trains: bool = True, expert_units: int = 0
     ) -> dict[str, int] | None:
-        # Per micro-batch each block is gathered for forward and again for backward, the root (embeddings, head:
-        # not resharded after forward) once, and every unit's gradient (a frozen root has none) is reduce-scattered
-        # into its shard; hsdp all-reduces the shards across its replicas once per step.
+        # Per micro-batch each block (and experts sharded apart from it) is gathered for forward and again for
+        # backward, the root (not resharded after forward) once, and every unit's gradient (a frozen root has none)
+        # is reduce-scattered into its shard; hsdp all-reduces the shards across its replicas once per step.
         if option.pipeline_parallel > 1:
             return None
-        reduced = blocks + (1 if root_trains else 0)
-        counts = {"allgather": (2 * blocks + 1) * micro_batches, "reduce_scatter": reduced * micro_batches}
+        reduced, gathered = blocks + expert_units + (1 if root_trains else 0), 2 * (blocks + expert_units) + 1
+        counts = {"allgather": gathered * micro_batches, "reduce_scatter": reduced * micro_batches}
         return counts | ({"allreduce": reduced} if option.hybrid else {})
 
     def plan_section(self, option: PlanOption, base: dict[str, Any]) -> dict[str, Any]:
         section: dict[str, Any] = {"tensor_parallel_size": option.tensor_parallel, "float8": False}
+        if option.expert_parallel > 1:
+            section["expert_parallel_size"] = option.expert_parallel
         if option.pipeline_parallel > 1:  # pipeline_microbatches: the plan's micro batch, one sample a piece
             section |= {
                 "pipeline_parallel_size": option.pipeline_parallel,

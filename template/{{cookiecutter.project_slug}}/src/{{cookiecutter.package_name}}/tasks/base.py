@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeAlias, runtime_checkable
 
 from ..data.samples import Samples
 from ..errors import RecipeError
@@ -53,12 +53,10 @@ class TrainableModel(Protocol):
 
     def tensor_parallel_plan(self) -> dict[str, Any]:
         """{submodule path inside a block: ColwiseParallel() | RowwiseParallel()}; {} without tensor parallel."""
-        ...
 
     def init_parameter(self, name: str, parameter: torch.Tensor) -> None:
         """Initialise one parameter in place: the machinery's one init loop (`init_parameters`) calls it for every
         parameter, in order, after a meta-device build and under ZeRO-3, and the model's constructor does too."""
-        ...
 
     def __call__(self, *inputs: Any) -> Any: ...
 
@@ -97,58 +95,62 @@ class Activations:
 class ModelCost(Protocol):
     """What `plan` asks of a model's size, by formula and without torch (planner/plan.py uses nothing else).
 
-    Sizes are per micro-batch of `micro_batch` samples; `tensor_parallel` is the number of ranks that
-    split each layer.
+    Sizes are per micro-batch of `micro_batch` samples; `tensor_parallel` is the number of ranks that split each layer.
     """
 
     @property
     def n_layer(self) -> int:
         """Repeated blocks: the unit a sharded runtime gathers."""
-        ...
 
     def parameters(self, tensor_parallel: int = 1) -> int:
         """Parameters held by one tensor-parallel rank."""
-        ...
 
     def layer_parameters(self, tensor_parallel: int = 1) -> int:
         """Parameters of one block on one tensor-parallel rank."""
-        ...
 
     def tensor_parallel_problem(self, tensor_parallel: int) -> str | None:
         """What `tensor_parallel` fails to divide ("the heads"), or None when the model splits over that many ranks."""
-        ...
 
     def describe(self) -> str:
         """The shape in one line, for plan's header."""
-        ...
 
     def activations(
         self, micro_batch: int, precision: str, tensor_parallel: int = 1, sixteen_bit_module: bool = False
     ) -> Activations:
         """Activation bytes of one micro-batch under the run's `precision`; `sixteen_bit_module`: the blocks hold
         16-bit weights under mixed precision (fsdp2's gathered blocks), while autocast still runs the loss."""
-        ...
 
     def layer_activations(self, micro_batch: int, precision: str) -> float:
         """Activation bytes one block holds for one micro-batch."""
-        ...
 
     def tensor_parallel_elements(self, micro_batch: int) -> float:
         """Elements all-reduced per micro-batch by tensor parallel, times (t - 1) / t (0 when it has none)."""
-        ...
 
     def tensor_parallel_all_reduces(self, checkpointed: bool) -> int:
         """All-reduces one block issues per micro-batch under tensor parallel: each row-parallel output in forward,
         each column-parallel layer's input gradient in backward, and what full checkpointing recomputes."""
-        ...
 
     def hidden_elements(self, micro_batch: int) -> float:
         """Elements of one block's output for a micro-batch: what a pipeline stage sends the next."""
-        ...
 
     def training_flops_per_sample(self) -> float:
         """Model FLOPs of one forward and backward pass of one sample."""
-        ...
+
+
+@dataclass(frozen=True)
+class ExpertSizes:
+    """A mixture of experts as `plan` weighs expert parallelism (`ExpertCost`): what it splits and what it moves."""
+
+    layers: int  # blocks whose MLP is a mixture of experts
+    experts: int  # routed experts in each: an expert-parallel degree divides them
+    layer_parameters: int  # the routed experts' parameters in one such block: what expert parallel splits
+    row_elements_per_sample: int  # a sample's rows to the experts (a unit's per expert it is routed to) x their width
+
+
+@runtime_checkable
+class ExpertCost(Protocol):
+    def expert_sizes(self) -> ExpertSizes | None:
+        """Optional beside `ModelCost`: the routed experts of a mixture of experts; None for a dense model."""
 
 
 class Benchmarks(Protocol):
@@ -156,11 +158,9 @@ class Benchmarks(Protocol):
 
     def due(self, step: int, max_steps: int) -> bool:
         """Whether they run after this optimizer step."""
-        ...
 
     def run(self, fabric: Any, model: Any) -> dict[str, float]:
         """Their scores by name (logged as eval/<name>), on every rank alike; the model is Fabric's wrapper."""
-        ...
 
 
 class Task:

@@ -39,7 +39,12 @@ A mixture of experts (E routed experts of hidden width f_e, k of them per token,
 f_s, a router h*E) holds every expert, 3*h*f_e*E + 3*h*f_s + h*E per layer: parameters, model states and memory
 count them all. A token passes through k experts only: its FLOPs are 6 * (active matmul parameters, the MLP's
 being 3*h*f_e*k + 3*h*f_s + h*E) + 12 * n_layer * n_embd * s (`active_parameters`; MFU uses them), and its
-activations are those of a dense MLP of width k*f_e + f_s (`ffn_hidden`), the routing's own small tensors left out.
+activations are those of a dense MLP of width k*f_e + f_s (`ffn_hidden`: the experts' SwiGLU over the s*b*k rows
+dispatched to them) plus the dispatch buffers, 2 * a * s*b*k*h: the rows sorted by expert, which the experts' first
+matmuls save, and the experts' outputs, which the combine's weighting saves (under expert parallelism the rows
+received by all-to-all take the sorted rows' place, routing balanced). The routing's own small tensors (scores,
+indices) are left out. `expert_sizes` hands plan what expert parallelism splits (the routed experts) and moves (the
+s*k rows of h per sample that each all-to-all carries).
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...precision import HALF_TRUE, MIXED, activation_bytes
-from ..base import Activations
+from ..base import Activations, ExpertSizes
 from .families import family_part
 
 
@@ -94,6 +99,13 @@ class Shape:
 
     def layer_parameters(self, tensor_parallel: int = 1) -> int:
         return layer_parameters(self, tensor_parallel)
+
+    def expert_sizes(self) -> ExpertSizes | None:
+        if not self.experts:
+            return None
+        routed = 3 * self.n_embd * self.expert_hidden * self.experts
+        rows = self.sequence_length * self.experts_per_token
+        return ExpertSizes(self.n_layer, self.experts, routed, rows * self.n_embd)
 
     def tensor_parallel_problem(self, tensor_parallel: int) -> str | None:
         if self.experts and tensor_parallel > 1:
@@ -236,6 +248,7 @@ def layer_activations(shape: Shape, micro_batch: int, precision: str, tensor_par
     qkv = a * tokens * (h + 2 * shape.kv_width) / t
     attention = a * tokens * h / t + 4 * b * shape.n_head * s / t
     mlp = (4 if shape.gated_mlp else 2) * a * tokens * shape.ffn_hidden / t
+    mlp += 2 * a * tokens * shape.experts_per_token * h  # a mixture of experts' dispatched rows and their outputs
     weights = 0.0
     if precision in MIXED:  # autocast's low-precision weight copies, saved by each matmul
         split, replicated = layer_linear_parameters(shape)
