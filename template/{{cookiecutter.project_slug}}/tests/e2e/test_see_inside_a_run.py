@@ -71,6 +71,6 @@ def test_report_draws_the_runs_own_logs_into_one_page(run: dict, capsys: pytest.
     page = out_dir / "report" / "report.html"
     assert f"Report: {page}" in capsys.readouterr().out
     text = page.read_text()
-    assert "<td>start</td><td>csv/version_0</td><td>4-12</td>" in text and "<td>restart" not in text
+    assert "<td>start</td><td>csv/version_0</td><td>1-12</td>" in text and "<td>restart" not in text
     assert text.count('src="data:image/png;base64,') >= 6
     assert (out_dir / "report" / "stragglers.png").is_file()
