@@ -119,7 +119,8 @@ def assert_startup_logged(out_dir: Path, redone: int, resumed: bool) -> None:
     assert float(restart[LAUNCHED]) > float(first[LAUNCHED])
 
 
-@pytest.mark.parametrize("fault", ["kill-in-save:16", "kill-at-step:19"])
+# CI: the kill while a background save may be in flight; the kill inside the save repeats the synchronous case's.
+@pytest.mark.parametrize("fault", [pytest.param("kill-in-save:16", marks=pytest.mark.matrix), "kill-at-step:19"])
 def test_async_save_resumes_bitwise_identical_to_the_synchronous_run(
     tmp_path: Path, toy_source: Path, reference: dict, fault: str
 ) -> None:
