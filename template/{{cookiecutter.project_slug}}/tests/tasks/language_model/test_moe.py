@@ -1,6 +1,6 @@
 """The mixture of experts (model.moe): routing on hand-made scores, grouped matmuls equal to the loop, the balance
-loss, the bias update, capacity drops, its refusals, and one 2-process run that logs its figures and resumes
-bitwise."""
+loss, the auxiliary loss and the bias update each balancing a skewed router, capacity drops, its refusals, and one
+2-process run that logs its figures and resumes bitwise."""
 
 from __future__ import annotations
 
@@ -115,6 +115,42 @@ def test_the_bias_update_moves_a_skewed_routers_load_towards_balance() -> None:
         imbalance.append(float(model.end_step(summed, updated=True)["moe/load_imbalance"]))
     assert imbalance[0] > 1.8 and max(imbalance[-5:]) < 1.45, imbalance  # sign steps: it settles near balance
     assert float(model.blocks[0].mlp.expert_bias[0]) < 0  # the over-loaded expert is pushed down
+
+
+def routers_imbalance_after_training(aux_loss_weight: float, steps: int = 50) -> tuple[float, float]:
+    """Max/mean load of a skewed router's experts before and after `steps` SGD steps on the auxiliary loss alone
+    (aux_loss_weight x the balance loss), on fixed inputs, training the router only."""
+    torch.manual_seed(0)
+    layer = MoE(replace(SMALL, moe=replace(MOE, shared_experts=0, aux_loss_weight=aux_loss_weight)), None)
+    torch.nn.init.normal_(layer.router.weight, std=0.02)
+    for weight in layer.experts.parameters():
+        torch.nn.init.normal_(weight, std=0.02)
+        weight.requires_grad_(False)
+    with torch.no_grad():  # inputs share a direction that experts 0 and 1 favour: they win most tokens
+        layer.router.weight[:2] += torch.tensor([[0.05], [0.03]])
+    x = torch.randn(128, 64) + 1.0
+    optimizer = torch.optim.SGD(layer.router.parameters(), lr=1.0)
+
+    def imbalance() -> float:
+        layer(x)
+        assert layer.record is not None
+        loads = layer.record.loads.float()
+        return float(loads.max() / loads.mean())
+
+    before = imbalance()
+    for _ in range(steps):
+        layer(x)
+        assert layer.record is not None
+        optimizer.zero_grad()
+        (layer.config.aux_loss_weight * layer.record.balance_loss).backward()
+        optimizer.step()
+    return before, imbalance()
+
+
+def test_the_auxiliary_loss_moves_a_skewed_routers_load_towards_balance() -> None:
+    before, after = routers_imbalance_after_training(aux_loss_weight=0.01)
+    assert before == 2.0 and after < 1.1  # two of four experts took every pair; now near even
+    assert routers_imbalance_after_training(aux_loss_weight=0.0) == (2.0, 2.0)  # without the term nothing moves it
 
 
 def test_an_aux_loss_model_adds_the_weighted_term_and_a_dense_one_none() -> None:
