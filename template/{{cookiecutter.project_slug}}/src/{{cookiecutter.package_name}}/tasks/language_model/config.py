@@ -72,8 +72,9 @@ class ModelConfig:
         rope_theta: Base of the rotary position angles (10000 in Llama 2, 500000 in Llama 3). llama only.
         tie_embeddings: Share one matrix between the token embedding and the output head. llama only.
         norm_eps: Epsilon of the RMSNorm layers. llama only.
-        init_from: A local Hugging Face Llama folder (config.json + safetensors) whose weights the run
-            starts from instead of a random init; its config must match this section. llama only.
+        init_from: A local Hugging Face Llama folder (a Mixtral one for a mixture of experts; config.json +
+            safetensors) whose weights the run starts from instead of a random init; its config must match this
+            section. llama only.
         moe: A mixture of experts in place of each block's MLP (MoeConfig); num_experts 0: dense. llama only.
     """
 

@@ -38,9 +38,16 @@ def hf_weights(
     recipe: Recipe, names: set[str], read: Callable[[str], torch.Tensor]
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(Hugging Face name, tensor) for every tensor of the layout, made from the checkpoint one at a time."""
+    stacked: tuple[str, torch.Tensor] | None = None  # the expert weight last read: its experts come one after another
     for hf_name, spec in hf_tensors(recipe.model).items():
         if missing := [name for name in spec.sources if name not in names]:
             raise RecipeError(f"the checkpoint has no {missing[0]} (was it saved by this model family?)")
+        if spec.expert is not None:
+            (name,) = spec.sources
+            if stacked is None or stacked[0] != name:
+                stacked = name, read(name)
+            yield hf_name, stacked[1][spec.expert].contiguous()
+            continue
         parts = [read(name) for name in spec.sources]
         tensor = parts[0] if len(parts) == 1 else torch.cat(parts)
         yield hf_name, (tensor.t() if spec.transpose else tensor).contiguous()

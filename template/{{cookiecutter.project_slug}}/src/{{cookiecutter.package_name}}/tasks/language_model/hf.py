@@ -25,16 +25,19 @@ if TYPE_CHECKING:
 
 CONFIG = "config.json"
 LLAMA = "LlamaForCausalLM"
+MIXTRAL = "MixtralForCausalLM"
 
 
 @dataclass(frozen=True)
 class HFTensor:
     """One tensor of the Hugging Face layout: the project's tensors it is made of (concatenated along dim 0),
-    whether it is their transpose (GPT-2's Conv1D), and its shape."""
+    whether it is their transpose (GPT-2's Conv1D), its shape, and, for one expert of stacked expert weights
+    ([expert, out, in]), which expert's slice it is."""
 
     sources: tuple[str, ...]
     shape: tuple[int, ...]
     transpose: bool = False
+    expert: int | None = None
 
 
 def hf_tensors(config: ModelConfig) -> dict[str, HFTensor]:
@@ -67,8 +70,8 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
     config.setdefault("num_key_value_heads", config.get("num_attention_heads"))
     config.setdefault("tie_word_embeddings", False)
     config.setdefault("rms_norm_eps", 1e-6)
-    if config.get("hidden_size") and config.get("num_attention_heads"):
-        config.setdefault("head_dim", config["hidden_size"] // config["num_attention_heads"])
+    if config.get("head_dim") is None and config.get("hidden_size") and config.get("num_attention_heads"):
+        config["head_dim"] = config["hidden_size"] // config["num_attention_heads"]  # Mixtral writes null
     config["rope_type"] = rope.get("rope_type", rope.get("type", "default"))
     return config
 
@@ -113,8 +116,12 @@ def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 
 
 def check_init_from(model: ModelConfig) -> None:
-    """Refuse an init_from folder that is not a Llama of exactly the recipe's shape (config.json and tensors)."""
+    """Refuse an init_from folder that is not a Llama (a Mixtral for a mixture of experts) of exactly the recipe's
+    shape (config.json and tensors)."""
     where = f"model.init_from={model.init_from!r}"
+    model_type, arch = family_part("llama", "hf").architecture(model)
+    if problem := export_problem(model):
+        raise RecipeError(f"{where}: {problem} (init_from reads {arch} folders)")
     folder = Path(str(model.init_from))
     if not folder.is_dir():
         raise RecipeError(f"{where}: no such folder (a local Hugging Face Llama folder: config.json + safetensors)")
@@ -127,13 +134,16 @@ def check_init_from(model: ModelConfig) -> None:
     except (OSError, ValueError, KeyError, struct.error) as error:
         raise RecipeError(f"{where}: unreadable weights ({error})") from None
     architectures = config.get("architectures") or [config.get("model_type")]
-    if config.get("model_type") != "llama" and LLAMA not in architectures:
-        raise RecipeError(f"{where} holds a {'/'.join(map(str, architectures))} model; init_from reads {LLAMA} folders")
+    if config.get("model_type") != model_type and arch not in architectures:
+        raise RecipeError(
+            f"{where} holds a {'/'.join(map(str, architectures))} model; init_from reads {arch} folders for this model"
+        )
     unsupported = {
         "hidden_act": (config.get("hidden_act", "silu"), "silu"),
         "attention_bias": (config.get("attention_bias", False), False),
         "mlp_bias": (config.get("mlp_bias", False), False),
         "rope type": (config["rope_type"], "default"),
+        "sliding_window": (config.get("sliding_window"), None),
     }
     for key, (value, supported) in unsupported.items():
         if value != supported:
@@ -158,29 +168,36 @@ def check_init_from(model: ModelConfig) -> None:
 
 
 def pretrained_reader(model: ModelConfig) -> tuple[set[str], Callable[[str], torch.Tensor]]:
-    """(project names, a reader of one of them) of the init_from folder's parameters: each read opens the one file
-    that holds it (a tied head is not listed: it is the embedding)."""
+    """(project names, a reader of one of them) of the init_from folder's parameters: each read opens the files
+    that hold it (a tied head is not listed: it is the embedding); stacked expert weights are read expert by
+    expert, in order, and stacked."""
+    import torch
     from safetensors import safe_open
 
     folder = Path(str(model.init_from))
     location: dict[str, Path] = {}
     for file in safetensors_files(folder):
         location |= dict.fromkeys(safetensors_shapes(file), file)
-    hf_name = {tensor.sources[0]: name for name, tensor in hf_tensors(model).items()}  # the Llama's map one to one
+    hf_names: dict[str, list[str]] = {}  # the Llama's map one to one; an expert weight has one per expert
+    for name, tensor in hf_tensors(model).items():
+        hf_names.setdefault(tensor.sources[0], []).append(name)
+
+    def read_one(hf_name: str) -> torch.Tensor:
+        with safe_open(location[hf_name], framework="pt") as weights:
+            return weights.get_tensor(hf_name)
 
     def read(name: str) -> torch.Tensor:
-        with safe_open(location[hf_name[name]], framework="pt") as weights:
-            return weights.get_tensor(hf_name[name])
+        parts = hf_names[name]
+        return read_one(parts[0]) if len(parts) == 1 else torch.stack([read_one(part) for part in parts])
 
-    return set(hf_name), read
+    return set(hf_names), read
 
 
 def pretrained_tensors(model: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """(project name, tensor) for every parameter of the init_from folder, read one at a time (a tied head is
     given under both names)."""
     _, read = pretrained_reader(model)
-    for tensor in hf_tensors(model).values():
-        (name,) = tensor.sources
+    for name in dict.fromkeys(tensor.sources[0] for tensor in hf_tensors(model).values()):
         value = read(name)
         yield name, value
         if model.tie_embeddings and name == "token_embedding.weight":

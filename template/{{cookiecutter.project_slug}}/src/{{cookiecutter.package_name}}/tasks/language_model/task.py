@@ -349,8 +349,3 @@ def check_moe(model: ModelConfig) -> None:
             f"model.moe.top_k={moe.top_k} is above model.moe.num_experts={moe.num_experts} (choose 1 to"
             f" {moe.num_experts})"
         )
-    if model.init_from is not None:
-        raise RecipeError(
-            f"model.init_from reads dense Llama folders: a mixture of experts (model.moe.num_experts={moe.num_experts})"
-            " starts from a random init"
-        )
