@@ -126,6 +126,18 @@ def test_model_parallel_recipes_build_the_device_mesh_sizes(
     assert strategy._parallelize_fn.keywords["replicas"] == replicas
 
 
+@pytest.mark.parametrize(
+    ("name", "data_parallel"), [("moe-30b-a3b-fsdp2-ep-node", 8), ("moe-30b-a3b-fsdp2-ep-multinode", 32)]
+)
+def test_the_30b_moe_recipes_split_experts_over_the_8_gpus_of_a_node(name: str, data_parallel: int) -> None:
+    config = recipe(name)
+    strategy = build_strategy(config)
+    assert isinstance(strategy, ModelParallelStrategy)
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (data_parallel, 1)
+    assert strategy._parallelize_fn.keywords["config"].fsdp2.expert_parallel_size == config.devices == 8
+    assert config.model.moe.num_experts == 128 and config.model.moe.top_k == 8
+
+
 def test_hsdp_under_a_pipeline_replicates_each_stage_across_the_nodes_it_spans() -> None:
     # 4 nodes of 1 process, 2 stages: each stage spans 2 nodes, one replica on each.
     config = recipe("cpu-pp-debug", "--strategy.name", "hsdp", "--num_nodes", "4", "--devices", "1")
@@ -157,3 +169,4 @@ def test_the_library_has_a_recipe_per_strategy() -> None:
     names = {p.stem for p in RECIPES.glob("*.yaml")}
     assert {"fsdp1-node", "hsdp-multinode", "deepspeed-zero3-offload-multinode", "fsdp2-tp-multinode"} <= names
     assert {"fsdp2-float8-node", "fsdp2-large-node", "cpu-tp-debug", "cpu-hsdp-debug"} <= names
+    assert {"cpu-moe-debug", "moe-30b-a3b-fsdp2-ep-node", "moe-30b-a3b-fsdp2-ep-multinode"} <= names
