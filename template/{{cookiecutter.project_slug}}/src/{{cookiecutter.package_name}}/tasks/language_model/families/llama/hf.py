@@ -20,13 +20,13 @@ def tensors(config: ModelConfig) -> dict[str, HFTensor]:
     """Hugging Face name -> how it is made from the model's state dict (a tied head is not listed)."""
     width, hidden, kv_width = config.n_embd, config.mlp_hidden_size, config.kv_heads * (config.n_embd // config.n_head)
     tensors = {"model.embed_tokens.weight": HFTensor(("token_embedding.weight",), (config.vocab_size, width))}
-    dense_mlp = [
+    dense_mlp = [  # a mixture of experts has its own tensors instead (expert_tensors)
         ("mlp.gate.weight", "mlp.gate_proj.weight", (hidden, width)),
         ("mlp.up.weight", "mlp.up_proj.weight", (hidden, width)),
         ("mlp.down.weight", "mlp.down_proj.weight", (width, hidden)),
     ]
     if config.moe.num_experts:
-        dense_mlp = []
+        dense_mlp.clear()
     for i in range(config.n_layer):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         for name, hf_name, shape in (
