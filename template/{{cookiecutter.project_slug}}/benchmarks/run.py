@@ -26,6 +26,7 @@ and the same on prepared corpora of 1, 4 and 16 GB (sparse shards: no disk used,
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import platform
@@ -66,6 +67,7 @@ FIGURES: list[tuple[str, str, tuple[str, float] | None]] = [
     ("async_blocked_vs_sync", "async save: loop blocked / a sync save", None),
     ("load_vs_save", "load time / sync save time", None),
     ("startup_vs_import", "command to first optimizer step / import torch, lightning", ("<=", 1.5)),
+    ("startup_early_ranks_vs_fabric", "2-process start-up: ranks started before imports / by Fabric", ("<=", 0.9)),
     ("first_step_16gb_vs_1gb", "command to first step, prepared corpus of 16 GB / of 1 GB", ("<=", 1.5)),
     ("first_step_4gb_vs_1gb", "command to first step, prepared corpus of 4 GB / of 1 GB", ("<=", 1.5)),
     ("first_step_verify_full_vs_sizes", "command to first step, 1 GB, data.verify full / sizes (default)", None),
@@ -289,6 +291,40 @@ def startup_figure(quick: bool, repeats: int) -> dict[str, Any]:
     return {**summary(ratios), "seconds": seconds}
 
 
+def logged_startup(out_dir: Path, prestart: str) -> dict[str, float]:
+    """The start-up `train` (cpu-debug, 2 processes, 2 steps) logs, in phases, with TRAIN_PRESTART=`prestart`."""
+    train = ["train", "--config", str(PROJECT / "recipes" / "cpu-debug.yaml"), "--out_dir", str(out_dir)]
+    train += ["--logger.name", "csv", "--logger.log_every_steps", "1", "--checkpoint.resume", "null"]
+    train += ["--eval.every_steps", "0", "--checkpoint.save_every_steps", "0", "--train.max_steps", "2"]
+    command = [sys.executable, "-m", PACKAGE, *train]
+    env = {**worker_env(1), "TRAIN_PRESTART": prestart}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    sys.path.insert(0, str(PROJECT / "src"))
+    from {{ cookiecutter.package_name }}.training.goodput import PHASES, STARTUP, phase_key
+
+    (path,) = out_dir.glob("csv/version_*/metrics.csv")
+    with path.open() as handle:
+        row = next(row for row in csv.DictReader(handle) if row.get(STARTUP))
+    return {"startup": float(row[STARTUP]), **{phase: float(row[phase_key(phase)]) for phase in PHASES}}
+
+
+def early_ranks_figure(repeats: int) -> dict[str, Any]:
+    """A 2-process start-up (launch to the first step's end, as the run logs it) with the second rank started
+    before the first's imports (cluster/prestart.py) against Fabric's launcher starting it after them."""
+    runs: dict[str, list[dict[str, float]]] = {"early": [], "fabric": []}
+    with tempfile.TemporaryDirectory(prefix="bench-early-ranks-") as folder:
+        for repeat in range(repeats):
+            for variant, switch in (("early", "1"), ("fabric", "0")):  # interleaved
+                runs[variant].append(logged_startup(Path(folder) / f"{variant}-{repeat}", switch))
+    ratios = [early["startup"] / fabric["startup"] for early, fabric in zip(runs["early"], runs["fabric"], strict=True)]
+    medians = {
+        variant: {key: statistics.median(run[key] for run in done) for key in done[0]} for variant, done in runs.items()
+    }
+    return {**summary(ratios), "median_seconds": medians}
+
+
 def logged_step_seconds(out_dir: Path, *overrides: str) -> float:
     """Median seconds per step that `train` (cpu-debug, 2 processes, CSV logs) logs after its first 2 steps."""
     train = ["train", "--config", str(PROJECT / "recipes" / "cpu-debug.yaml"), "--out_dir", str(out_dir)]
@@ -485,6 +521,7 @@ def main() -> None:
         ("step sync", lambda: figures.update(fused_decide_vs_per_decision=step_sync_figure(args.quick, repeats))),
         ("checkpoint", lambda: figures.update(checkpoint_figures(args.quick, repeats))),
         ("start-up", lambda: figures.update(startup_vs_import=startup_figure(args.quick, repeats))),
+        ("early ranks", lambda: figures.update(startup_early_ranks_vs_fabric=early_ranks_figure(max(repeats, 3)))),
         ("corpus start-up", lambda: figures.update(corpus_startup_figures(args.quick, repeats))),
         ("training defaults", lambda: figures.update(training_default_figures(args.quick, repeats))),
         ("shard cache", lambda: figures.update(shard_cache_figures(args.quick, repeats))),

@@ -1,5 +1,5 @@
 """Real 2-process runs: a second run in a busy out_dir is refused and the first goes on intact; a SIGKILLed launcher
-leaves no rank behind and its lock to the next run; a stop signal to a rank blocked in a collective, and a rank
+leaves no rank behind and its lock to the next run; a rank started before the imports ends with a refusal, silent; a stop signal to a rank blocked in a collective, and a rank
 that hangs without any signal, end the job in bounded time, requeued, keeping the newest complete checkpoint."""
 
 from __future__ import annotations
@@ -174,3 +174,25 @@ def test_a_run_whose_out_dir_cannot_hold_a_checkpoint_does_not_start(tmp_path: P
         )
         assert re.fullmatch(said, result.stderr.strip()), result.stderr
         assert not (disk / "run").exists()
+
+
+def test_train_starts_its_other_rank_before_its_checks_and_a_refusal_ends_it_in_one_line(tmp_path: Path) -> None:
+    # Refused by rank 0 in setup, after its imports and before its launch: a rank started by Fabric's launcher
+    # would never have existed; one started early must exist, then end without a word.
+    missing = tmp_path / "no-such-checkpoint"
+    first, log = start_run(tmp_path / "run", "--checkpoint.resume", str(missing))
+    try:
+        wait_for(lambda: child_processes(first.pid), "a second rank", first, log, timeout=120)
+        ranks = child_processes(first.pid)
+        first.wait(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    said = log.read_text().strip()
+    assert first.returncode == 2, said[-3000:]
+    assert said == f"error: checkpoint.resume={str(missing)!r}: no such checkpoint folder"  # one line, one process
+    deadline = time.monotonic() + 15
+    while any(process_alive(rank) for rank in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(process_alive(rank) for rank in ranks), "a rank started early outlived the refusal"
+    assert not (tmp_path / "run").exists()

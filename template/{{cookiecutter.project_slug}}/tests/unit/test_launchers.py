@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 from helpers import RECIPES
 
+from {{ cookiecutter.package_name }}.cluster import prestart
 from {{ cookiecutter.package_name }}.cluster.launchers import check_launcher
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.load import load_recipe, parse_recipe
@@ -79,3 +81,51 @@ def test_srun_with_another_task_count_is_refused(clean_env: pytest.MonkeyPatch) 
     clean_env.setenv("SLURM_JOB_NAME", "train")
     with pytest.raises(RecipeError, match=r"^srun started 8 task\(s\) but the recipe asks for devices=2 x num_nodes=1"):
         check_launcher(load_recipe(RECIPES / "cpu-debug.yaml"), "cpu")
+
+
+@pytest.fixture
+def first_rank(clean_env: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """A process started by hand as `<project> train --config cpu-debug.yaml`, on a machine without GPUs."""
+    for name in ("LOCAL_RANK", "RANK", "TRAIN_RAY_WORKER", prestart.SWITCH):
+        clean_env.delenv(name, raising=False)
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", "")
+    clean_env.setattr(sys, "argv", ["{{ cookiecutter.project_slug }}", "train", *CPU_DEBUG])
+    return clean_env
+
+
+CPU_DEBUG = ["--config", str(RECIPES / "cpu-debug.yaml")]
+
+
+def test_train_starts_its_other_ranks_early_only_as_the_first_process_of_a_layout_it_launches(
+    first_rank: pytest.MonkeyPatch,
+) -> None:
+    recipe = parse_recipe(CPU_DEBUG, "train")
+    assert prestart.should_start_early(recipe, CPU_DEBUG)
+    assert not prestart.should_start_early(recipe, [*CPU_DEBUG, "--devices", "2"])  # not this process's command line
+    assert not prestart.should_start_early(parse_recipe([*CPU_DEBUG, "--devices", "1"], "train"), CPU_DEBUG)
+    for variable, value in (
+        ("LOCAL_RANK", "1"),
+        ("TORCHELASTIC_RUN_ID", "x"),
+        ("SLURM_NTASKS", "2"),
+        ("LT_CLI_USED", "1"),
+    ):
+        with first_rank.context() as launched:  # already a rank of a launcher's: nothing to start
+            launched.setenv(variable, value)
+            assert not prestart.should_start_early(recipe, CPU_DEBUG), variable
+    first_rank.setenv(prestart.SWITCH, "0")
+    assert not prestart.should_start_early(recipe, CPU_DEBUG)
+
+
+def test_a_layout_the_machine_cannot_hold_is_left_to_rank_zeros_refusal_with_nothing_started(
+    first_rank: pytest.MonkeyPatch,
+) -> None:
+    many = str(prestart.cpu_process_limit() + 1)
+    assert not prestart.fits_this_machine(parse_recipe([*CPU_DEBUG, "--devices", many], "train"))
+    on_gpus = [*CPU_DEBUG, "--accelerator", "cuda", "--strategy.process_group_backend", "nccl", "--devices"]
+    first_rank.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert prestart.listed_gpus() == 2
+    assert prestart.fits_this_machine(parse_recipe([*on_gpus, "2"], "train"))
+    assert not prestart.fits_this_machine(parse_recipe([*on_gpus, "3"], "train"))
+    first_rank.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert prestart.listed_gpus() == 0
+    assert not prestart.fits_this_machine(parse_recipe([*on_gpus, "2"], "train"))

@@ -76,7 +76,8 @@ def launcher_name() -> str:
 
 
 def start_processes(fabric: Fabric) -> None:
-    """Launch the processes the recipe asks for, unless a launcher already did."""
+    """Launch the processes the recipe asks for, unless a launcher already did (or `train` started them early and
+    released them: cluster/prestart.py)."""
     if not launched_by_fabric_run():
         mark_launcher()  # the ranks it starts die with it (cluster/lifecycle.py)
         fabric.launch()

@@ -20,13 +20,16 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
 
 
 def run(argv: list[str], prog: str) -> None:
-    """Read and check the recipe (before torch loads), then train it."""
+    """Read and check the recipe (before torch loads), start the node's other ranks, then train it."""
     from ..cluster.lifecycle import end_with_launcher
     from ..cluster.preemption import Preemption
+    from ..cluster.prestart import start_other_ranks, wait_for_release
 
     end_with_launcher()  # a rank started by another rank dies with it
     preemption = Preemption()  # first: a stop signal during start-up ends the run as a preemption, not as killed
     recipe = parse_recipe(argv, f"{prog} train")
+    start_other_ranks(recipe, argv)  # the node's other ranks import beside this one (cluster/prestart.py)
     from ..training.loop import train_to_the_end  # imports torch: only when training
 
+    wait_for_release()  # a rank started early waits here for the first rank's launch
     train_to_the_end(recipe, preemption)

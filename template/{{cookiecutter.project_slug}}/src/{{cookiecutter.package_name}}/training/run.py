@@ -24,6 +24,7 @@ from ..checkpoint.lock import lock_out_dir, out_dir_in_use
 from ..checkpoint.provenance import check_resume, run_provenance
 from ..checkpoint.tensors import trained_part
 from ..cluster.launchers import check_launcher, launched_by_ray, launcher_name, start_processes
+from ..cluster.prestart import CPU_PROCESSES_PER_CORE, cpu_process_limit, release
 from ..data.sampler import Batch, TrainBatches, validation_batches
 from ..errors import ExitCode, RecipeError, TrainingStopped
 from ..progress import working
@@ -56,19 +57,6 @@ class Run:
     benchmarks: Benchmarks | None = None  # the task's downstream benchmarks during training (eval.tasks)
     provenance: dict[str, Any] = field(default_factory=dict)  # code, versions, hosts, launcher (checkpoint/provenance)
     startup: StartupClock = field(default_factory=StartupClock)  # when each start-up phase ended (training/goodput.py)
-
-
-# CPU training processes one node may start per core it can use: beyond that the processes only wait on each
-# other (the tests run 4 on 2 cores), and a typo like devices=64 would exhaust the machine.
-CPU_PROCESSES_PER_CORE = 4
-
-
-def cpu_process_limit() -> int:
-    """The most CPU training processes this machine starts per node."""
-    import os
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return CPU_PROCESSES_PER_CORE * cores
 
 
 def resolve_accelerator(recipe: Recipe) -> str:
@@ -151,7 +139,8 @@ def setup(recipe: Recipe) -> Run:
     if in_use and not (environment is not None and environment.creates_processes_externally):
         raise RecipeError(in_use)
 
-    start_processes(fabric)  # unless `fabric run` already did
+    release(fabric)  # the ranks `train` started before its imports go now (cluster/prestart.py)
+    start_processes(fabric)  # unless `fabric run` already did, or they were started early
     if in_use := fabric.broadcast(in_use):
         raise TrainingStopped(in_use, ExitCode.USAGE, report=fabric.global_rank == 0)
     startup.mark("rendezvous")
