@@ -38,6 +38,7 @@ from ..recipe.schema import Fsdp2Options, field_path
 from ..tasks.base import Activations, ModelCost
 from .inputs import Candidate, Inputs
 from .options import PlanOption
+from .units import GB
 
 LONG = 16384  # tokens from which plan offers context-parallel degrees (shorter sequences fit without)
 LENGTHS = tuple(2**n for n in range(10, 23))  # what plan tries for the longest context that fits: 1K to 4M tokens
@@ -141,9 +142,36 @@ def gathered_elements(cost: ModelCost, option: PlanOption, micro_batch: int, che
     return collectives * per_collective * (degree - 1) / degree
 
 
-def gather_link(option: PlanOption, devices: int, intra: float, across: float) -> float:
-    """Bytes/s of the group's collectives: the node's links when its c x t neighbouring ranks fit in a node."""
-    return intra if devices % (option.context_parallel * option.tensor_parallel) == 0 else across
+def gather_seconds(inputs: Inputs, option: PlanOption, micro_batch: int, checkpointing: bool) -> float:
+    """Seconds one optimizer step spends in the gathers and reduce-scatters (on its critical path): the group runs c x t
+    micro-batches per data-parallel rank for each of the recipe's accumulated ones (plan.py's `communication`), in
+    the compute dtype, over the node's links when its c x t neighbouring ranks fit in a node, else over the rank's share
+    of the network link."""
+    sent = gathered_elements(inputs.cost, option, micro_batch, checkpointing)
+    if sent == 0:
+        return 0.0
+    micro_batches = inputs.grad_accum * option.context_parallel * option.tensor_parallel
+    element = 4 if inputs.precision == "32-true" else 2
+    intra = inputs.gpu.intra_node_gb_s * GB
+    across = min(intra, inputs.inter_node_gb_s * GB / inputs.devices) if inputs.num_nodes > 1 else intra
+    link = intra if inputs.devices % (option.context_parallel * option.tensor_parallel) == 0 else across
+    return sent * micro_batches * element / link
+
+
+def describe(inputs: Inputs, option: PlanOption, micro_batch: int, checkpointing: bool) -> str | None:
+    """Plan's line on an option's context parallel: the part of each sequence a rank holds, the elements gathered per
+    layer and micro-batch, and their seconds per step; None without it."""
+    cost, degree = inputs.cost, option.context_parallel
+    if degree == 1 or not isinstance(cost, SequenceCost):
+        return None
+    gathered = micro_batch * cost.sequence_length * cost.kv_width / option.tensor_parallel
+    collectives = 6 if checkpointing else 4
+    return (
+        f"{option.name}: each rank holds {cost.sequence_length // degree:,} of every {cost.sequence_length:,} tokens;"
+        f" per layer and micro-batch it gathers keys and values of {gathered:.3g} elements each and reduce-scatters"
+        f" their gradients ({collectives} collectives, {(degree - 1) / degree:.0%} of each crossing):"
+        f" {gather_seconds(inputs, option, micro_batch, checkpointing):.3g} s per step on the critical path"
+    )
 
 
 def context_collectives(

@@ -226,12 +226,9 @@ def communication(
     across_nodes = 2 * local / inputs.devices if option.hybrid else 0.0  # the replicas' all-reduce
     rows = experts.exchanged_elements(cost, option, micro_batch, checkpointing)  # every routed row, kept ones too
     sent = rows * experts.sent_share(option)
-    keys = (
-        context.gathered_elements(cost, option, micro_batch, checkpointing) * group
-    )  # as tensor's: group's micro-batches
-    ratio = (data + across_nodes + tensor + p2p + sent + keys) / (
-        2 * p
-    )  # one micro-batch per device, as in the ZeRO paper
+    keys = context.gathered_elements(cost, option, micro_batch, checkpointing) * group  # the group's, as tensor's
+    # one micro-batch per device, as in the ZeRO paper
+    ratio = (data + across_nodes + tensor + p2p + sent + keys) / (2 * p)
     if inputs.cpu:
         return ratio, None
     data, tensor = elements(inputs.grad_accum * group)
@@ -270,9 +267,7 @@ def communication(
     exchange = experts.exchange_seconds(
         rows * inputs.grad_accum * activation_bytes, option, inputs.devices, intra, across
     )
-    keys_seconds = (
-        keys * inputs.grad_accum * activation_bytes / context.gather_link(option, inputs.devices, intra, across)
-    )
+    keys_seconds = context.gather_seconds(inputs, option, micro_batch, checkpointing)
     return ratio, max(compute, network, host) + tensor * activation_bytes / intra + exchange + keys_seconds
 
 

@@ -146,6 +146,9 @@ def render(result: Plan) -> str:
         recipe = library_recipe(result.recommended.candidate, inputs)
         origin = f" (from recipe {recipe})" if recipe else ""
         lines.append(f"recommended: {result.recommended.candidate.name}{origin}: {result.reason}")
+        best = result.recommended
+        if gathers := context.describe(inputs, best.candidate.option, result.micro_batch, best.checkpointing):
+            lines.append(gathers)
     if result.longest_context is not None:
         length, name = result.longest_context
         lines.append(

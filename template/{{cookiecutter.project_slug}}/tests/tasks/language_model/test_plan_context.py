@@ -73,6 +73,22 @@ def test_the_gathers_counted_per_layer_are_what_the_attention_sends() -> None:
     assert context.context_collectives(shape, sharded(1), 3, 0) == {}
 
 
+def test_the_gathers_take_the_nodes_links_when_the_group_fits_in_a_node_and_the_networks_share_otherwise() -> None:
+    """Per optimizer step: the recipe's 16 accumulated micro-batches, each run by the c ranks of a group, the elements
+    sent in bf16; a group of 4 in a node of 8 over its links, one of 16 over 2 nodes at a rank's share of InfiniBand."""
+    recipe = parse_recipe(["--config", LLAMA_8B, *LONG])
+    shape = task_for(recipe).model_cost()
+    assert isinstance(shape, Shape)
+    device = plan_device(Namespace(gpu="H100", gpu_memory_gib=None), recipe)
+    inputs = plan_inputs(recipe, shape, shape.parameters(), device, INTERCONNECTS["infiniband"], 0.1)
+    intra, across = device.intra_node_gb_s * 1e9, INTERCONNECTS["infiniband"] * 1e9 / 8
+    for degree, link in ((4, intra), (16, across)):
+        sent = context.gathered_elements(shape, sharded(degree), 1, checkpointing=True)
+        seconds = context.gather_seconds(inputs, sharded(degree), 1, checkpointing=True)
+        assert seconds == pytest.approx(sent * 16 * degree * 2 / link), degree
+    assert context.gather_seconds(inputs, sharded(1), 1, checkpointing=True) == 0
+
+
 def test_a_degree_divides_the_data_parallel_ranks_and_leaves_the_sequence_two_equal_chunks_per_rank() -> None:
     assert context.degrees(131072, 16) == [2, 4, 8, 16]
     assert context.degrees(20, 16) == [2]  # 20 tokens make 4 equal chunks, not 8
