@@ -136,6 +136,7 @@ def planned(recipe: Recipe, device: Device) -> dict[str, Any] | None:
     """What plan says one rank of this recipe holds (torch's split of the model states) and the collectives of its
     step (where plan's communication model counts them, with the step decision's all_reduce), or None without
     size formulas or a plan option for the recipe's layout."""
+    from ..planner.context import context_collectives, recipe_option
     from ..planner.experts import expert_collectives, expert_units
     from ..planner.hardware import INTERCONNECTS
     from ..planner.plan import Candidate, estimate, plan_inputs
@@ -145,6 +146,7 @@ def planned(recipe: Recipe, device: Device) -> dict[str, Any] | None:
     cost, option = task.model_cost(), strategy.recipe_plan_option()
     if cost is None or option is None:
         return None
+    option = recipe_option(option, strategy)  # with the recipe's context-parallel degree
     link, trained = INTERCONNECTS["infiniband"], task.trained_parameters()  # adapters: beside the model's own
     inputs = plan_inputs(recipe, cost, cost.parameters() + (trained or 0), device, link, 0, trained_parameters=trained)
     result = estimate(Candidate(strategy, option), inputs, recipe.train.micro_batch_size)
@@ -159,6 +161,8 @@ def planned(recipe: Recipe, device: Device) -> dict[str, Any] | None:
         config, plain = recipe.strategy, cost.tensor_parallel_all_reduces(False)
         recomputed = -(-cost.n_layer // config.activation_checkpointing_every) if checkpointed else 0
         collectives |= expert_collectives(cost, option, micro_batches, recomputed)  # all-to-alls: planner/experts.py
+        for name, count in context_collectives(cost, option, micro_batches, recomputed).items():  # keys, values
+            collectives[name] = collectives.get(name, 0) + count
         per_block = cost.tensor_parallel_all_reduces(True) - plain
         tensor_parallel = (cost.n_layer * plain + recomputed * per_block) * micro_batches
         # the step decision's one fused all_reduce, and tensor parallel's

@@ -25,6 +25,9 @@ class PlanOption:
     pipeline_stages_per_rank: int = 1
     splits_experts: bool = False  # can split a mixture of experts' experts over its data-parallel ranks
     expert_parallel: int = 1  # data-parallel ranks that split each layer's experts (rows reach them by all-to-all)
+    context_parallel: int = (
+        1  # data-parallel ranks that split every sequence (keys and values reach them by all-gather)
+    )
 
     def layout(self) -> tuple[int, int]:
         """(pipeline, tensor parallel) sizes: options that differ only in their schedule share a layout."""

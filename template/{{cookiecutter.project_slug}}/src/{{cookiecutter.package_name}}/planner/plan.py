@@ -19,12 +19,14 @@ lower bound: max(FLOPs / peak, data-parallel bytes / bandwidth, host or NVMe tra
 all-reduces (they sit on the critical path), for one optimizer step of the recipe's global batch; a pipeline
 stage whose ranks fit in a node reduces over the node's links. A mixture of experts is also offered each
 expert-parallel degree of an option that splits experts (experts.py: fewer experts gathered, all-to-alls of the
-routed rows on the critical path). The pick (`choose`): the first that fits in cost order (its quickest
+routed rows on the critical path), and a long sequence each context-parallel degree of an option that splits sequences
+(context.py: activations of s/c positions, the keys and values all-gathered per layer on the critical path). The pick (`choose`): the first that fits in cost order (its quickest
 expert-parallel degree), or a pipeline or an expert-parallel degree whose bound is at most half of that one's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +34,7 @@ from ..precision import MIXED, States, zero_model_states
 from ..recipe.schema import Recipe
 from ..strategies import REGISTRY
 from ..tasks.base import Activations, ModelCost
-from . import experts
+from . import context, experts
 from .hardware import NVME_GB_S, PCIE_GB_S
 from .inputs import Candidate, Device, Inputs
 from .options import PlanSizes
@@ -44,7 +46,8 @@ def cost(candidate: Candidate) -> tuple[int, int, int, float, int, bool, int]:
     """Cheaper first: no host or NVMe traffic, then no tensor parallel (its all-reduces sit on the critical path),
     then fewer pipeline stages (a pipeline idles in its bubble), then less data-parallel communication (1x before 1.5x), a lower ZeRO stage, and hsdp before full sharding,
     since only a shard of the gradients crosses the nodes, then a lower expert-parallel degree (an option's degrees
-    follow it: `choose` weighs them by time). Ties keep the registry's order (fsdp2 before zero3)."""
+    follow it: `choose` weighs them by time). Ties keep the registry's order (fsdp2 before zero3). Context-parallel
+    degrees follow their option in `plan`'s list (context.py), the smallest first."""
     option = candidate.option
     return (
         ("none", "cpu", "nvme").index(option.offload),
@@ -93,6 +96,7 @@ class Plan:
     recommended: Estimate | None = None
     micro_batch: int = 0
     reason: str = ""
+    longest_context: tuple[int, str] | None = None  # the longest sequence that fits the layout, and by which candidate
 
 
 def plan_inputs(
@@ -138,8 +142,9 @@ def unavailable(candidate: Candidate, inputs: Inputs) -> str | None:
     stages, pp = option.pipeline_parallel * option.pipeline_stages_per_rank, option.pipeline_parallel
     if pp > 1 and (inputs.world_size % (pp * t) or inputs.cost.n_layer < stages):
         return f"{pp} pipeline stages x tensor parallel {t} must divide {inputs.world_size} ranks, {stages} <= n_layer"
-    refused = inputs.refused or {}  # an expert-parallel degree is refused where its option is
-    return refused.get(candidate.name) or refused.get(candidate.name.removesuffix(f"_ep{option.expert_parallel}"))
+    refused = inputs.refused or {}
+    name = context.base_name(option)  # a degree is refused where its option is
+    return refused.get(name) or refused.get(name.removesuffix(f"_ep{option.expert_parallel}"))
 
 
 def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate:
@@ -167,7 +172,9 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
         paper = States(0.0, 0.0, 0.0)
         extra = [term for term in extra if not term.with_optimizer]
     terms = tuple((term.label, term.bytes) for term in extra)
-    acts = pipeline.activations if pipeline else cost.activations(micro_batch, precision, t, sixteen_bit)
+    acts = (
+        pipeline.activations if pipeline else context.activations(cost, option, micro_batch, precision, t, sixteen_bit)
+    )
     base = paper.total + sum(value for _, value in terms)
     checkpointing = base + acts.peak > inputs.budget
     total = base + (acts.checkpointed_peak if checkpointing else acts.peak)
@@ -198,26 +205,30 @@ def communication(
     Sharded parameters are gathered again for every micro-batch; the gradients of ddp and ZeRO 1-2
     are reduced once per step. A pipeline of p stages likewise runs p times as many micro-batches per
     data-parallel rank, idles in its bubble, and sends activations between stages across nodes. Expert parallel
-    exchanges each micro-batch's routed rows by all-to-all on the critical path (experts.py).
+    exchanges each micro-batch's routed rows by all-to-all on the critical path (experts.py); context parallel, like
+    tensor parallel, runs c times the micro-batches, each gathering keys and values on the critical path (context.py).
     """
     cost, option, t, p = inputs.cost, candidate.option, candidate.tensor_parallel, inputs.parameters
 
     def elements(micro_batches: int) -> tuple[float, float]:
         # A pipeline stage runs p times the micro-batches on 1/p of the layers: the same tensor-parallel volume.
         tensor = cost.tensor_parallel_elements(micro_batch) * micro_batches * (t - 1) / t / option.pipeline_parallel
+        tensor /= option.context_parallel  # each micro-batch on 1/c of the positions
         # Unsharded parameters: the gradients are reduced once per step; sharded: gathered for every micro-batch
         # (two gathers of every weight, one reduction of the trained ones' gradients).
         reduced = inputs.trained if option.stage < 3 else (2 + inputs.trained) / 3
         data = option.comm_vs_ddp * 2 * local * reduced * (micro_batches if option.stage == 3 else 1)
         return data, tensor
 
-    group = t * option.pipeline_parallel  # devices that share one data-parallel rank's micro-batches
+    group = t * option.pipeline_parallel * option.context_parallel  # devices that share one rank's micro-batches
     p2p = pipeline.p2p_elements if pipeline else 0.0
     data, tensor = elements(group)
     across_nodes = 2 * local / inputs.devices if option.hybrid else 0.0  # the replicas' all-reduce
     rows = experts.exchanged_elements(cost, option, micro_batch, checkpointing)  # every routed row, kept ones too
     sent = rows * experts.sent_share(option)
-    ratio = (data + across_nodes + tensor + p2p + sent) / (2 * p)  # one micro-batch per device, as in the ZeRO paper
+    keys = context.gathered_elements(cost, option, micro_batch, checkpointing) * group  # the group's, as tensor's
+    # one micro-batch per device, as in the ZeRO paper
+    ratio = (data + across_nodes + tensor + p2p + sent + keys) / (2 * p)
     if inputs.cpu:
         return ratio, None
     data, tensor = elements(inputs.grad_accum * group)
@@ -256,14 +267,29 @@ def communication(
     exchange = experts.exchange_seconds(
         rows * inputs.grad_accum * activation_bytes, option, inputs.devices, intra, across
     )
-    return ratio, max(compute, network, host) + tensor * activation_bytes / intra + exchange
+    keys_seconds = context.gather_seconds(inputs, option, micro_batch, checkpointing)
+    return ratio, max(compute, network, host) + tensor * activation_bytes / intra + exchange + keys_seconds
 
 
 def plan(inputs: Inputs) -> Plan:
-    """Every candidate (with a mixture of experts' expert-parallel degrees) at the recipe's micro batch, and the
-    cheapest that fits (in CANDIDATES order, without activation checkpointing if any fits so); when none fits, the
-    micro batch is halved until one does."""
-    micro_batch, candidates = inputs.micro_batch, experts.with_degrees(CANDIDATES, inputs)
+    """Every candidate (with a mixture of experts' expert-parallel degrees, a long sequence's context-parallel ones) at
+    the recipe's micro batch, and the cheapest that fits (in CANDIDATES order, without activation checkpointing if any
+    fits so); when none fits, the micro batch is halved until one does. With a sequence, the longest that fits."""
+    result = plan_at(inputs)
+    return dataclasses.replace(result, longest_context=context.longest_context(inputs, fitting_name))
+
+
+def fitting_name(inputs: Inputs) -> str | None:
+    """The name of the candidate `plan_at` recommends at the inputs' micro batch, or None when none fits at it."""
+    result = plan_at(inputs)
+    fits = result.recommended is not None and result.micro_batch == inputs.micro_batch
+    return result.recommended.candidate.name if fits and result.recommended else None
+
+
+def plan_at(inputs: Inputs) -> Plan:
+    """`plan` without the search for the longest context."""
+    candidates = context.with_degrees(experts.with_degrees(CANDIDATES, inputs), inputs)
+    micro_batch = inputs.micro_batch
     estimates = first = [estimate(candidate, inputs, micro_batch) for candidate in candidates]
     while True:
         fitting = [e for e in estimates if e.fits]
@@ -331,6 +357,7 @@ def reason(best: Estimate, inputs: Inputs, micro_batch: int, cheapest: Estimate 
         bubble=f"{best.pipeline.bubble:.0%}" if best.pipeline else "none",
         schedule=option.pipeline_schedule,
         expert_parallel=option.expert_parallel,
+        context_parallel=option.context_parallel,
     )
     how = "with activation checkpointing" if best.checkpointing else "without activation checkpointing"
     batch = f"micro batch {micro_batch}" + (

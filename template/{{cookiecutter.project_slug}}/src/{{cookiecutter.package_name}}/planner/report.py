@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from ..recipe.library import recipes_dir
+from . import context
 from .measured import MeasuredCost
 from .options import PlanOption
 from .plan import Candidate, Inputs, Plan, device_word
@@ -27,6 +28,8 @@ def library_recipes(option: PlanOption) -> tuple[str, str, str]:
         return "cpu-hsdp-debug", "hsdp-multinode", "hsdp-multinode"
     if option.expert_parallel > 1:
         return "cpu-moe-debug", "fsdp2-node", "fsdp2-multinode"
+    if option.context_parallel > 1:
+        return "cpu-cp-debug", "fsdp2-node", "llama-8b-cp-128k-multinode"
     if option.stage == 0:
         return "cpu-debug", "ddp-node", "ddp-node"
     if not option.runs_on_cpu:  # ZeRO's stages as DeepSpeed runs them: the one GPU-only runtime plan weighs
@@ -64,6 +67,7 @@ def strategy_section(
         "meta_init": base.get("meta_init", False) and candidate.strategy.supports_meta_init,
     }
     section |= candidate.strategy.plan_section(candidate.option, base)
+    context.write_degree({"strategy": section}, candidate.option)
     options_key = candidate.strategy.options_key
     if candidate.option.pipeline_parallel > 1 and options_key:
         section[options_key]["pipeline_microbatches"] = micro_batch
@@ -142,6 +146,15 @@ def render(result: Plan) -> str:
         recipe = library_recipe(result.recommended.candidate, inputs)
         origin = f" (from recipe {recipe})" if recipe else ""
         lines.append(f"recommended: {result.recommended.candidate.name}{origin}: {result.reason}")
+        best = result.recommended
+        if gathers := context.describe(inputs, best.candidate.option, result.micro_batch, best.checkpointing):
+            lines.append(gathers)
+    if result.longest_context is not None:
+        length, name = result.longest_context
+        lines.append(
+            f"longest context that fits: {length:,} tokens per sequence ({name}, micro batch 1, on"
+            f" {inputs.world_size} {gpu.name} {device_word(inputs, plural=inputs.world_size > 1)})"
+        )
     return "\n".join(lines)
 
 
@@ -196,7 +209,11 @@ def to_json(result: Plan) -> dict[str, Any]:
             "micro_batch_size": result.micro_batch,
             "tensor_parallel_size": best.candidate.tensor_parallel,
             "expert_parallel_size": best.candidate.option.expert_parallel,
+            "context_parallel_size": best.candidate.option.context_parallel,
         }
+    longest = None
+    if result.longest_context is not None:
+        longest = {"sequence_length": result.longest_context[0], "strategy": result.longest_context[1]}
     return {
         "parameters": inputs.parameters,
         "trained_parameters": round(inputs.parameters * inputs.trained),  # fewer under adapters
@@ -211,4 +228,5 @@ def to_json(result: Plan) -> dict[str, Any]:
         "options": options,
         "recommended": recommended,
         "reason": result.reason,
+        "longest_context": longest,
     }
