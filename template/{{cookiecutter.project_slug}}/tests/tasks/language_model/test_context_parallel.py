@@ -79,7 +79,6 @@ CP_RECIPE = RECIPES / "cpu-cp-debug.yaml"
         (["--model.block_size", "66"], "sequence length 66 does not divide into 2 x 2 equal chunks (choose 1)"),
         (["--strategy.fsdp2.pipeline_parallel_size", "2"], "compose with strategy.fsdp2.pipeline_parallel_size"),
         (["--strategy.fsdp2.context_parallel_size", "0"], "context_parallel_size"),
-        (["--data.format", "sft"], "data.format=sft does not compose with strategy.fsdp2.context_parallel_size=2"),
     ],
 )
 def test_context_parallel_sizes_that_cannot_split_are_refused_in_one_line(
@@ -90,11 +89,21 @@ def test_context_parallel_sizes_that_cannot_split_are_refused_in_one_line(
 
 
 @pytest.mark.slow
-def test_context_parallel_over_2_processes_trains_as_one_process_on_whole_sequences(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param([], id="causal"),
+        # Packed chat examples: block-diagonal masks across the parts, replies counted unevenly by the two ranks.
+        pytest.param(["--data.format", "sft", "--data.packing", "true"], id="packed-sft", marks=pytest.mark.matrix),
+    ],
+)
+def test_context_parallel_over_2_processes_trains_as_one_process_on_whole_sequences(
+    data: list[str], tmp_path: Path
+) -> None:
     shared = [
         "--config", str(CP_RECIPE), *TINY, "--model.n_kv_head", "1", "--train.micro_batch_size", "4",
         "--train.max_steps", "4", "--eval.every_steps", "4", "--checkpoint.save_every_steps", "0",
-        "--checkpoint.resume", "null", "--logger.name", "csv",
+        "--checkpoint.resume", "null", "--logger.name", "csv", *data,
     ]  # fmt: skip
     # cp: 2 processes, each half of every sequence of the same samples; whole: 1 process on whole sequences, the
     # same samples (one data-parallel rank, as the cp group is one).
