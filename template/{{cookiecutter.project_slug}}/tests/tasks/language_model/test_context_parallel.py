@@ -4,13 +4,23 @@ one process does."""
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import RECIPES, TINY, assert_same_losses, fail_with, read_csv_metrics, run_cli, train_losses
+from helpers import (
+    RECIPES,
+    TINY,
+    assert_same_losses,
+    fail_with,
+    losses_by_run,
+    read_csv_metrics,
+    run_cli,
+    train_losses,
+)
 
 from {{ cookiecutter.package_name }}.strategies.context_parallel import SequenceShard, chunk_positions, sharding
 from {{ cookiecutter.package_name }}.tasks.language_model.families.context import split_attention
@@ -121,3 +131,29 @@ def test_context_parallel_over_2_processes_trains_as_one_process_on_whole_sequen
     }
     assert len(validation["whole"]) == 1
     assert validation["cp"] == pytest.approx(validation["whole"], abs=1e-5)
+
+
+def degree_args(out_dir: Path, degree: int, steps: int) -> list[str]:
+    """cpu-cp-debug shrunk to seconds at context-parallel degree `degree`, on `degree` processes: one data-parallel
+    rank either way, so every degree reads the same samples."""
+    return [
+        "train", "--config", str(CP_RECIPE), "--out_dir", str(out_dir), *TINY, "--model.n_kv_head", "1",
+        "--devices", str(degree), "--strategy.fsdp2.context_parallel_size", str(degree), "--logger.name", "csv",
+        "--train.max_steps", str(steps), "--eval.every_steps", "0", "--checkpoint.save_every_steps", "3",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
+def test_a_checkpoint_resumes_under_another_context_parallel_degree(before: int, after: int, tmp_path: Path) -> None:
+    reference = tmp_path / "reference"
+    assert run_cli(*degree_args(reference, after, 5)).returncode == 0
+    (expected,) = losses_by_run(reference)
+    moved = tmp_path / "moved"
+    assert run_cli(*degree_args(moved, before, 5), fault="kill-at-step:4").returncode == -signal.SIGKILL
+    resumed = run_cli(*degree_args(moved, after, 5))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _, after_resume = losses_by_run(moved)
+    assert after_resume.keys() == {4, 5}
+    assert all(abs(after_resume[step] - expected[step]) < 1e-4 for step in after_resume), (after_resume, expected)
