@@ -157,3 +157,23 @@ def test_a_checkpoint_resumes_under_another_context_parallel_degree(before: int,
     _, after_resume = losses_by_run(moved)
     assert after_resume.keys() == {4, 5}
     assert all(abs(after_resume[step] - expected[step]) < 1e-4 for step in after_resume), (after_resume, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+def test_context_parallel_x_fsdp2_over_4_processes_trains_as_fsdp2_alone_on_whole_sequences(tmp_path: Path) -> None:
+    shared = [
+        "--config", str(RECIPES / "cpu-cp-fsdp2-debug.yaml"), *TINY, "--model.n_kv_head", "1",
+        "--train.max_steps", "4", "--eval.every_steps", "0", "--checkpoint.save_every_steps", "0",
+        "--checkpoint.resume", "null", "--logger.name", "csv",
+    ]  # fmt: skip
+    # cp x dp: 4 processes, 2 data-parallel ranks each splitting its samples' sequences over 2; dp: the same 2
+    # data-parallel ranks on whole sequences, 2 processes.
+    whole = ["--devices", "2", "--strategy.fsdp2.context_parallel_size", "1"]
+    runs = {"cp": ["--out_dir", str(tmp_path / "cp")], "dp": ["--out_dir", str(tmp_path / "dp"), *whole]}
+    for overrides in runs.values():
+        result = run_cli("train", *shared, *overrides)
+        assert result.returncode == 0, result.stderr[-3000:]
+    losses = {name: train_losses(tmp_path / name) for name in runs}
+    assert sorted(losses["dp"]) == [1, 2, 3, 4]
+    assert_same_losses(losses["cp"], losses["dp"], tolerance=1e-5)
