@@ -22,6 +22,8 @@ from helpers import (
     train_losses,
 )
 
+from {{ cookiecutter.package_name }}.recipe.load import load_recipe, parse_recipe
+from {{ cookiecutter.package_name }}.strategies import strategy_for
 from {{ cookiecutter.package_name }}.strategies.context_parallel import SequenceShard, chunk_positions, sharding
 from {{ cookiecutter.package_name }}.tasks.language_model.families.context import split_attention
 from {{ cookiecutter.package_name }}.tasks.language_model.families.documents import example_attention
@@ -80,6 +82,20 @@ def test_without_a_shard_the_model_sees_whole_sequences() -> None:
 
 
 CP_RECIPE = RECIPES / "cpu-cp-debug.yaml"
+
+
+def test_mfu_under_context_parallel_counts_attention_at_the_full_sequence_length() -> None:
+    """A rank's queries (block_size / cp of every sequence) attend over the keys of the whole sequence: its FLOPs per
+    own token are those of a token of the unsplit sequence, and the monitor gives each rank its share of the tokens
+    (the data-parallel ranks' samples, each sequence counted once, over every rank)."""
+    recipe = load_recipe(CP_RECIPE)
+    strategy, model = strategy_for(recipe), recipe.model
+    size, length = recipe.strategy.fsdp2.context_parallel_size, model.block_size
+    flops = strategy.task.flops_per_unit()
+    part = parse_recipe(["--config", str(CP_RECIPE), "--model.block_size", str(length // size)])
+    flops_of_the_part = strategy_for(part).task.flops_per_unit()  # attention over a rank's own positions only
+    assert flops - flops_of_the_part == 12 * model.n_layer * model.n_embd * (length - length // size)
+    assert strategy.data_parallel_size() * length / recipe.world_size == length // size  # each rank's tokens
 
 
 @pytest.mark.parametrize(
