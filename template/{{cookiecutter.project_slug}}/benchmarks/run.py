@@ -16,6 +16,8 @@ median over repeats and the spread (min..max). The workers are the other files o
                       against full and none (time, and the bytes held for backward)
     shard_cache.py    data wait per step through the shard cache from S3 (moto on localhost), cold and warm,
                       against the same folder read locally
+    context_parallel.py  activations held for backward per rank and step time, cp=2 on 2 processes against
+                      whole sequences on 1 (the same sequences)
     goodput.py        a 2-process run SIGKILLed every ~25 s and resumed (relaunched; torchrun's elastic restarts)
                       against the same run without failures: goodput, kills, each start-up phase, redone steps
 The start-up and pipeline figures are measured here (the pipeline's: `train` under ddp and under a
@@ -84,6 +86,8 @@ FIGURES: list[tuple[str, str, tuple[str, float] | None]] = [
     ("pipeline_predicted_step_vs_ddp", "the same as plan's bubble predicts it: 1 / (1 - bubble)", None),
     ("pipeline_zbv_step_vs_ddp", "step time, ZB-V (4 stages in a V on 2 processes, 4 pieces) / ddp, same batch", None),
     ("pipeline_zbv_predicted_step_vs_ddp", "the same as plan's bubble predicts it: 1 / (1 - bubble)", None),
+    ("cp2_held_vs_cp1", "activation bytes held for backward per rank, cp=2 (2 processes) / cp=1", ("<=", 0.55)),
+    ("cp2_step_vs_cp1", "step time, cp=2 on 2 processes / cp=1 on 1, the same sequences", None),
     ("goodput_no_failures", "goodput (step time / wall time), 2 processes, no failures", None),
     ("goodput_with_failures", "the same, SIGKILLed every ~25 s, relaunched (resume auto)", None),
     ("goodput_failures_vs_none", "goodput with those failures / without", None),
@@ -440,6 +444,27 @@ def shard_cache_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any]]:
     }
 
 
+def context_parallel_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any]]:
+    """cp=2 over 2 processes against whole sequences on 1 process, in alternating repeats: the activations a rank
+    holds for backward (counted) and the step time (1 thread a process)."""
+    arguments = ["--steps", "3" if quick else "8", *(["--quick"] if quick else [])]
+    runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
+    for _ in range(repeats):
+        for size, results in runs.items():
+            results.append(
+                run_worker("context_parallel.py", "--context_parallel_size", str(size), *arguments, threads=1)
+            )
+
+    def ratios(key: str) -> list[float]:
+        return [two[key] / one[key] for one, two in zip(runs[1], runs[2], strict=True)]
+
+    return {
+        "cp2_held_vs_cp1": summary(ratios("held_bytes_per_rank")),
+        "cp2_step_vs_cp1": summary(ratios("seconds_per_step")),
+        "context_parallel": {f"cp{size}": results for size, results in runs.items()},
+    }
+
+
 def goodput_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any]]:
     """Goodput of a 2-process run SIGKILLed at seeded moments and resumed (relaunched, and by torchrun's restarts)
     against the same run without failures; a restart's start-up against a fresh start's at the same size (the
@@ -526,6 +551,7 @@ def main() -> None:
         ("training defaults", lambda: figures.update(training_default_figures(args.quick, repeats))),
         ("shard cache", lambda: figures.update(shard_cache_figures(args.quick, repeats))),
         ("pipeline", lambda: figures.update(pipeline_figures(args.quick, repeats))),
+        ("context parallel", lambda: figures.update(context_parallel_figures(args.quick, repeats))),
         ("goodput", lambda: figures.update(goodput_figures(args.quick, repeats))),
     ]
     if args.only:

@@ -9,7 +9,9 @@ gradients back onto the ranks that computed them). torch's ring attention refuse
 gloo and is the reference.
 
 Each rank's loss is the mean over its own positions; equal parts make the group's mean the mean over the whole
-sequence, and fully_shard averaging gradients over the data x context ranks gives the gradient of that mean.
+sequence, and fully_shard averaging gradients over the data x context ranks gives the gradient of that mean. Where
+the parts count unequal numbers of targets (packed replies), a rank divides its sum by the group's count (`total`)
+and multiplies by the group size, so the group's mean is again the whole sequence's.
 Checked here without torch (`check_context_parallel`); the rest imports torch when called.
 """
 
@@ -100,6 +102,15 @@ class SequenceShard:
 
         assert self.group is not None  # a simulated shard gathers in its test
         return all_gather_single_autograd(x.contiguous(), gather_dim=dim, group=self.group)
+
+    def total(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of `x` over the group's ranks (a count, outside autograd): what the whole sequences hold."""
+        import torch.distributed as dist
+
+        assert self.group is not None  # a simulated shard sums in its test
+        summed = x.detach().clone()
+        dist.all_reduce(summed, group=self.group)
+        return summed
 
 
 _active: list[SequenceShard] = []  # the shard of the forward and backward running now (empty: whole sequences)

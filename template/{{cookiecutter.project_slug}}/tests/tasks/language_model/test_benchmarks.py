@@ -42,6 +42,8 @@ KEYS = {
     "goodput_no_failures",
     "goodput_with_failures",
     "goodput_failures_vs_none",
+    "cp2_held_vs_cp1",
+    "cp2_step_vs_cp1",
 }
 
 

@@ -4,14 +4,26 @@ one process does."""
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import RECIPES, TINY, assert_same_losses, fail_with, read_csv_metrics, run_cli, train_losses
+from helpers import (
+    RECIPES,
+    TINY,
+    assert_same_losses,
+    fail_with,
+    losses_by_run,
+    read_csv_metrics,
+    run_cli,
+    train_losses,
+)
 
+from {{ cookiecutter.package_name }}.recipe.load import load_recipe, parse_recipe
+from {{ cookiecutter.package_name }}.strategies import strategy_for
 from {{ cookiecutter.package_name }}.strategies.context_parallel import SequenceShard, chunk_positions, sharding
 from {{ cookiecutter.package_name }}.tasks.language_model.families.context import split_attention
 from {{ cookiecutter.package_name }}.tasks.language_model.families.documents import example_attention
@@ -72,6 +84,20 @@ def test_without_a_shard_the_model_sees_whole_sequences() -> None:
 CP_RECIPE = RECIPES / "cpu-cp-debug.yaml"
 
 
+def test_mfu_under_context_parallel_counts_attention_at_the_full_sequence_length() -> None:
+    """A rank's queries (block_size / cp of every sequence) attend over the keys of the whole sequence: its FLOPs per
+    own token are those of a token of the unsplit sequence, and the monitor gives each rank its share of the tokens
+    (the data-parallel ranks' samples, each sequence counted once, over every rank)."""
+    recipe = load_recipe(CP_RECIPE)
+    strategy, model = strategy_for(recipe), recipe.model
+    size, length = recipe.strategy.fsdp2.context_parallel_size, model.block_size
+    flops = strategy.task.flops_per_unit()
+    part = parse_recipe(["--config", str(CP_RECIPE), "--model.block_size", str(length // size)])
+    flops_of_the_part = strategy_for(part).task.flops_per_unit()  # attention over a rank's own positions only
+    assert flops - flops_of_the_part == 12 * model.n_layer * model.n_embd * (length - length // size)
+    assert strategy.data_parallel_size() * length / recipe.world_size == length // size  # each rank's tokens
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -79,7 +105,6 @@ CP_RECIPE = RECIPES / "cpu-cp-debug.yaml"
         (["--model.block_size", "66"], "sequence length 66 does not divide into 2 x 2 equal chunks (choose 1)"),
         (["--strategy.fsdp2.pipeline_parallel_size", "2"], "compose with strategy.fsdp2.pipeline_parallel_size"),
         (["--strategy.fsdp2.context_parallel_size", "0"], "context_parallel_size"),
-        (["--data.format", "sft"], "data.format=sft does not compose with strategy.fsdp2.context_parallel_size=2"),
     ],
 )
 def test_context_parallel_sizes_that_cannot_split_are_refused_in_one_line(
@@ -90,11 +115,21 @@ def test_context_parallel_sizes_that_cannot_split_are_refused_in_one_line(
 
 
 @pytest.mark.slow
-def test_context_parallel_over_2_processes_trains_as_one_process_on_whole_sequences(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param([], id="causal"),
+        # Packed chat examples: block-diagonal masks across the parts, replies counted unevenly by the two ranks.
+        pytest.param(["--data.format", "sft", "--data.packing", "true"], id="packed-sft", marks=pytest.mark.matrix),
+    ],
+)
+def test_context_parallel_over_2_processes_trains_as_one_process_on_whole_sequences(
+    data: list[str], tmp_path: Path
+) -> None:
     shared = [
         "--config", str(CP_RECIPE), *TINY, "--model.n_kv_head", "1", "--train.micro_batch_size", "4",
         "--train.max_steps", "4", "--eval.every_steps", "4", "--checkpoint.save_every_steps", "0",
-        "--checkpoint.resume", "null", "--logger.name", "csv",
+        "--checkpoint.resume", "null", "--logger.name", "csv", *data,
     ]  # fmt: skip
     # cp: 2 processes, each half of every sequence of the same samples; whole: 1 process on whole sequences, the
     # same samples (one data-parallel rank, as the cp group is one).
@@ -112,3 +147,49 @@ def test_context_parallel_over_2_processes_trains_as_one_process_on_whole_sequen
     }
     assert len(validation["whole"]) == 1
     assert validation["cp"] == pytest.approx(validation["whole"], abs=1e-5)
+
+
+def degree_args(out_dir: Path, degree: int, steps: int) -> list[str]:
+    """cpu-cp-debug shrunk to seconds at context-parallel degree `degree`, on `degree` processes: one data-parallel
+    rank either way, so every degree reads the same samples."""
+    return [
+        "train", "--config", str(CP_RECIPE), "--out_dir", str(out_dir), *TINY, "--model.n_kv_head", "1",
+        "--devices", str(degree), "--strategy.fsdp2.context_parallel_size", str(degree), "--logger.name", "csv",
+        "--train.max_steps", str(steps), "--eval.every_steps", "0", "--checkpoint.save_every_steps", "3",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
+def test_a_checkpoint_resumes_under_another_context_parallel_degree(before: int, after: int, tmp_path: Path) -> None:
+    reference = tmp_path / "reference"
+    assert run_cli(*degree_args(reference, after, 5)).returncode == 0
+    (expected,) = losses_by_run(reference)
+    moved = tmp_path / "moved"
+    assert run_cli(*degree_args(moved, before, 5), fault="kill-at-step:4").returncode == -signal.SIGKILL
+    resumed = run_cli(*degree_args(moved, after, 5))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _, after_resume = losses_by_run(moved)
+    assert after_resume.keys() == {4, 5}
+    assert all(abs(after_resume[step] - expected[step]) < 1e-4 for step in after_resume), (after_resume, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+def test_context_parallel_x_fsdp2_over_4_processes_trains_as_fsdp2_alone_on_whole_sequences(tmp_path: Path) -> None:
+    shared = [
+        "--config", str(RECIPES / "cpu-cp-fsdp2-debug.yaml"), *TINY, "--model.n_kv_head", "1",
+        "--train.max_steps", "4", "--eval.every_steps", "0", "--checkpoint.save_every_steps", "0",
+        "--checkpoint.resume", "null", "--logger.name", "csv",
+    ]  # fmt: skip
+    # cp x dp: 4 processes, 2 data-parallel ranks each splitting its samples' sequences over 2; dp: the same 2
+    # data-parallel ranks on whole sequences, 2 processes.
+    whole = ["--devices", "2", "--strategy.fsdp2.context_parallel_size", "1"]
+    runs = {"cp": ["--out_dir", str(tmp_path / "cp")], "dp": ["--out_dir", str(tmp_path / "dp"), *whole]}
+    for overrides in runs.values():
+        result = run_cli("train", *shared, *overrides)
+        assert result.returncode == 0, result.stderr[-3000:]
+    losses = {name: train_losses(tmp_path / name) for name in runs}
+    assert sorted(losses["dp"]) == [1, 2, 3, 4]
+    assert_same_losses(losses["cp"], losses["dp"], tolerance=1e-5)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...errors import RecipeError
-from ...recipe.schema import Fsdp2Options, field_path
+from ...recipe.schema import field_path
 from ..base import Benchmarks, Inputs, ModelCost, Splits, Task
 from .config import (
     ARCH_ONLY_FIELDS,
@@ -80,13 +80,6 @@ class LanguageModel(Task):
             raise RecipeError(
                 f"data.format=sft reads chat examples: data.source must be prepared (prepare --format sft) or"
                 f" embedded (the demo conversations), not {data.source}"
-            )
-        sharded = self.recipe.strategy.fsdp2
-        if data.format == "sft" and sharded is not None and sharded.context_parallel_size > 1:
-            # Each rank's loss is the mean over its own part: exact only when every part counts as many targets.
-            raise RecipeError(
-                f"data.format=sft does not compose with {field_path(Fsdp2Options, 'context_parallel_size')}="
-                f"{sharded.context_parallel_size} (its replies count unevenly across the parts): set it to 1"
             )
         if data.format != "sft" and not data.packing:
             raise RecipeError("data.packing=false applies to data.format=sft only (remove it)")
@@ -227,14 +220,25 @@ class LanguageModel(Task):
         """Mean cross entropy of the next token over the targets that count.
 
         A stream's targets all count. An sft batch's targets are IGNORE_INDEX outside the replies, and a micro-batch
-        without a counted target has loss 0 (not 0 / 0).
+        without a counted target has loss 0 (not 0 / 0). Under context parallel the replies fall unevenly on the
+        parts of a sequence: a rank's sum is divided by the count over its group, times the group's size, so the
+        group's mean of its losses (and of their gradients) is the whole sequences' mean.
         """
+        from ...strategies.context_parallel import active
+
+        shard = active()
+        if self.recipe.data.format != "sft" or shard is None:
+            return self.part_loss(outputs, targets)
+        return summed_loss(outputs, targets) * shard.size / shard.total(counted_targets(targets)).clamp(min=1)
+
+    def part_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross entropy over the counted targets of these outputs alone (a rank's part under context
+        parallel)."""
         import torch.nn.functional as F
 
         if self.recipe.data.format != "sft":
             return F.cross_entropy(outputs.flatten(0, 1), targets.flatten())
-        summed = F.cross_entropy(outputs.flatten(0, 1), targets.flatten(), reduction="sum")
-        return summed / counted_targets(targets).clamp(min=1)
+        return summed_loss(outputs, targets) / counted_targets(targets).clamp(min=1)
 
     def pipeline_blocks(self) -> int:
         recipe = self.recipe
@@ -258,8 +262,8 @@ class LanguageModel(Task):
         return self.recipe.model.n_layer
 
     def update_metrics(self, outputs: torch.Tensor, targets: torch.Tensor, metrics: dict[str, Metric]) -> None:
-        # The mean over every counted token: each batch's mean weighted by its counted targets.
-        metrics["loss"].update(self.loss(outputs, targets), weight=counted_targets(targets))
+        # The mean over every counted token: each batch's (or rank's part's) mean weighted by its counted targets.
+        metrics["loss"].update(self.part_loss(outputs, targets), weight=counted_targets(targets))
 
     def validation_results(self, computed: dict[str, float]) -> dict[str, float]:
         import math
@@ -281,6 +285,13 @@ class LanguageModel(Task):
         from .families import training_flops_per_token
 
         return float(training_flops_per_token(self.recipe.model))
+
+
+def summed_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The cross entropy of the next token summed over the counted targets."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(outputs.flatten(0, 1), targets.flatten(), reduction="sum")
 
 
 def counted_targets(targets: torch.Tensor) -> torch.Tensor:

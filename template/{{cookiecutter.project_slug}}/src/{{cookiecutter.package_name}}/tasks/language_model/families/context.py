@@ -4,6 +4,11 @@ sequence, the positions of its own tokens and the mask from them to the keys and
 The mask is causal over global positions (and block-diagonal over packed examples, whose ids are gathered too), so
 each token attends to exactly the keys it would attend to in the whole sequence: the logits, and the per-token
 losses, are those of the unsplit sequence.
+
+On CPU the mask is additive (0 where a query may attend, -inf elsewhere), float32: SDPA turns a boolean mask into
+a float one in every layer and keeps each copy for backward, (time x time x cp) per layer, which would undo much of
+the activation memory context parallel saves; CPU's flash kernel takes a float32 mask for any query dtype. The
+fused CUDA kernels want the query's dtype, which the model does not know here: there the mask stays boolean.
 """
 
 from __future__ import annotations
@@ -18,18 +23,27 @@ def split_attention(
     time: int, documents: torch.Tensor | None, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(mask, positions) of this rank's `time` tokens when the sequences are split over context-parallel ranks, else
-    None. The mask is True where a query (a token here) may attend to a key (a gathered token, in `gathered_keys`'
-    order): (time, time x cp), or (batch, 1, time, time x cp) with packed examples; positions are the tokens' global
-    positions (time,), or with packed examples their positions within their example (batch, time)."""
+    None. The mask lets a query (a token here) attend to a key (a gathered token, in `gathered_keys`' order) where it
+    is True, or 0 where it is additive (`additive_on_cpu`): (time, time x cp), or (batch, 1, time, time x cp) with
+    packed examples; positions are the tokens' global positions (time,), or with packed examples their positions
+    within their example (batch, time)."""
     shard = active()
     if shard is None:
         return None
     own, keys = shard.positions(time, device), shard.gathered_positions(time, device)
     if documents is None:
-        return own[:, None] >= keys[None, :], own
+        return additive_on_cpu(own[:, None] >= keys[None, :]), own
     whole = shard.gather(documents, dim=1)[:, torch.argsort(keys)]  # every example id, in sequence order
     mask, positions = example_attention(whole)
-    return mask[:, :, own][:, :, :, keys], positions[:, own]
+    return additive_on_cpu(mask[:, :, own][:, :, :, keys]), positions[:, own]
+
+
+def additive_on_cpu(mask: torch.Tensor) -> torch.Tensor:
+    """A boolean attention mask as SDPA would convert it (0 where True, -inf where False) on CPU, made once for
+    every layer; the boolean mask elsewhere."""
+    if mask.device.type != "cpu":
+        return mask
+    return torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 def gathered_keys(key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
