@@ -177,6 +177,24 @@ def test_a_manifest_larger_than_a_manifest_can_be_is_refused_without_retries(
     assert not (cache.folder / "manifest.json").exists()
 
 
+def test_a_listed_file_with_no_size_larger_than_a_small_file_can_be_is_refused_without_retries(
+    tmp_path: Path, bucket: tuple[str, list[Listed]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tokenizer is listed by its digest alone: a manifest and tokenizer of the same author could make it any size,
+    so it is held to the small files' bound as it arrives (its digest matches: only its size is refused)."""
+    url, _ = bucket
+    huge = b"{" + b" " * 5000 + b"}"
+    fsspec.filesystem("memory").pipe(url.removeprefix("memory://") + "/tokenizer.json", huge)
+    monkeypatch.setattr(remote, "SMALL_FILE_BYTES", 4096)
+    monkeypatch.setattr(remote, "FIRST_PAUSE_S", 5.0)  # a retry would show as seconds
+    cache = ShardCache(url, tmp_path / "cache", bound_bytes=1 << 30)
+    started = time.monotonic()
+    with pytest.raises(RecipeError, match=r"tokenizer\.json is larger than 0 MiB: more than a small file can be"):
+        cache.path(Listed("tokenizer.json", None, hashlib.sha256(huge).hexdigest()))
+    assert time.monotonic() - started < 5.0
+    assert sorted(path.name for path in cache.folder.iterdir()) == [remote.MARKER, "tokenizer.json.lock"]
+
+
 @pytest.mark.parametrize(
     "refusal",
     [PermissionError("403 Forbidden"), FileNotFoundError("NoSuchKey")],
