@@ -155,7 +155,7 @@ def describe(provenance: dict[str, Any]) -> list[str]:
 def check_resume(path: Path, recipe: Recipe, key_packages: tuple[str, ...]) -> None:
     """Before a resume starts anything: name in one line what made its checkpoint if that differs from this process
     (rank 0 prints it), or refuse it under checkpoint.on_provenance_change=error (RecipeError: exit 2)."""
-    meta = read_meta(path)
+    meta = read_meta(path, needs=("step",))  # complete by its files table, yet it may lack the step named here
     line = change_line(meta["step"], meta.get(PROVENANCE), local_provenance(key_packages))
     if line is None:
         return
