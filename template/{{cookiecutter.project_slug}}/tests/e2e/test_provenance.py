@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -22,6 +23,7 @@ from helpers import assert_refused_before_launch, run_cli, toy_train_args
 from {{ cookiecutter.package_name }}.checkpoint import provenance
 from {{ cookiecutter.package_name }}.checkpoint.provenance import change_line, check_resume, code_version
 from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 
 ONE_PROCESS = ["--devices", "1", "--strategy.name", "ddp", "--eval.every_steps", "0"]
@@ -115,6 +117,40 @@ def test_a_checkpoint_without_provenance_resumes_with_a_notice_even_when_strict(
     assert capsys.readouterr().err.strip().splitlines() == [
         "warning: resuming from step 4 of a checkpoint that records no provenance (saved by an older version)"
     ]
+
+
+# Provenances a hand-edited or foreign meta.json or provenance.json may hold, each read by code that trusts its types.
+NOT_PROVENANCE = [
+    "made by me",
+    {"versions": ["torch"]},
+    {"commit": 5},
+    {"hosts": "node-1"},
+    {"versions": {"torch": 2.13}},
+]
+
+
+@pytest.mark.parametrize("written", NOT_PROVENANCE)
+def test_a_provenance_that_is_not_one_is_named_in_one_line_at_resume_and_refused_when_strict(
+    written: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "meta.json").write_text(json.dumps({"step": 4, "files": {}, "provenance": written}))
+    check_resume(tmp_path, parse_recipe([]), ())
+    said = "resuming from step 4 of a checkpoint whose provenance is not readable (not as saved)"
+    assert capsys.readouterr().err.strip().splitlines() == [f"warning: {said}"]
+    with pytest.raises(RecipeError, match=re.escape(said)):
+        check_resume(tmp_path, parse_recipe(["--checkpoint.on_provenance_change", "error"]), ())
+
+
+@pytest.mark.slow  # trains the toy task (the module's run_dir)
+@pytest.mark.usefixtures("toy_task_here")
+def test_checkpoint_inspect_says_a_provenance_that_is_not_one_is_not_readable(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copied = tmp_path / "step-00000004"
+    shutil.copytree(run_dir / "checkpoints" / "step-00000004", copied)
+    with_provenance(copied, versions={"torch": ["2.13"]})
+    main(["checkpoint", "inspect", str(copied)])
+    assert "provenance   not readable" in capsys.readouterr().out
 
 
 def test_the_same_code_and_versions_say_nothing_and_a_new_diff_is_named() -> None:

@@ -73,3 +73,16 @@ def test_a_partial_output_is_removed_when_its_command_is_asked_to_stop(kind: str
         os.kill(os.getpid(), signal.SIGTERM)
     assert exited.value.code == 128 + signal.SIGTERM
     assert not partial.exists() and signal.getsignal(signal.SIGTERM) is before  # the handler put back
+
+
+@pytest.mark.usefixtures("toy_task_here")
+def test_a_meta_json_without_its_step_is_refused_by_resume_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Complete by its files table, but without the step a resume names (the provenance check reads it first)."""
+    folder = checkpoint(tmp_path / "run", {"files": {"state/x": 3}, "strategy": "ddp"})
+    resume = ["--out_dir", str(tmp_path / "new"), "--checkpoint.resume", str(folder)]
+    assert "meta.json has no 'step' (not a complete checkpoint's)" in fail_with(
+        ["train", "--config", str(TOY_RECIPE), *resume], capsys
+    )
+    assert not (tmp_path / "new").exists()

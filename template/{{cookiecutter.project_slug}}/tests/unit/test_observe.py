@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import importlib.util
 import io
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -260,10 +261,11 @@ def test_wandb_is_offline_without_credentials_and_online_with_a_key(
     assert wandb_offline()
 
 
-def test_wandb_logs_through_lightnings_logger_without_a_version_warning(
+def test_wandb_logs_through_lightnings_logger_with_the_provenance_in_its_config_and_no_version_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """W&B's own Fabric integration warned 'tested and supported for lightning Fabric 2.1.3' on every rank."""
+    """W&B's own Fabric integration warned 'tested and supported for lightning Fabric 2.1.3' on every rank. What made
+    the run reaches W&B's config beside the recipe, and the CSV logger's provenance.json (what `report` reads)."""
     from lightning.pytorch.loggers import WandbLogger
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -271,7 +273,11 @@ def test_wandb_logs_through_lightnings_logger_without_a_version_warning(
     recipe = tiny_recipe(tmp_path, name="wandb")
     loggers = build_loggers(recipe, run_id="abcd1234")
     assert [type(logger) for logger in loggers] == [WandbLogger, MetricsCsv]  # CSV: what `report` reads
-    log_config(loggers, recipe)
+    made_by = {"commit": "5d6e7f8a", "dirty": False, "versions": {"torch": torch.__version__}, "launcher": "local"}
+    log_config(loggers, recipe, made_by)
+    assert loggers[0].experiment.config["provenance"] == made_by
+    assert loggers[0].experiment.config["train"]["max_steps"] == recipe.train.max_steps
+    assert json.loads((Path(loggers[1].log_dir) / "provenance.json").read_text()) == made_by
     loggers[0].log_metrics({"train/loss": 2.0}, step=1)
     finish_loggers(loggers)
     assert "tested and supported" not in "".join(capfd.readouterr())

@@ -170,6 +170,17 @@ def test_report_refuses_an_out_that_is_a_file(tmp_path: Path, capsys: pytest.Cap
     assert (tmp_path / "taken.html").read_text() == "mine"
 
 
+@pytest.mark.parametrize("written", ['"made by me"', '{"versions": ["torch"]}', '{"hosts": "node-1"}'])
+def test_a_logged_provenance_that_is_not_one_is_reported_as_not_recorded(written: str, tmp_path: Path) -> None:
+    from {{ cookiecutter.package_name }}.cli import main
+
+    run = csv_run(tmp_path, b"step,train/loss\n1,2.0\n2,1.5\n")
+    (run / "csv" / "version_0" / "provenance.json").write_text(written)
+    with contextlib.redirect_stdout(io.StringIO()):
+        main(["report", str(run)])
+    assert "<td>not recorded</td>" in (run / "report" / "report.html").read_text()
+
+
 def test_report_gives_each_restart_its_lost_time_and_the_run_its_goodput(resumed_run: Path, report_output: str) -> None:
     costs = run_goodput(read_segments(resumed_run))
     assert costs.step_seconds == pytest.approx(0.2) and costs.steps == 8

@@ -96,6 +96,20 @@ def _nccl_version(torch: Any) -> str | None:
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
+def recorded(provenance: object) -> dict[str, Any] | None:
+    """A provenance as a meta.json or provenance.json holds it, or None when it is not one: those files may come from
+    anywhere (a copy, a hand edit), and each reader below takes the fields' types on trust."""
+    if not isinstance(provenance, dict):
+        return None
+    versions, hosts = provenance.get("versions", {}), provenance.get("hosts") or []
+    texts = [provenance.get(key) for key in ("commit", "diff_sha256", "commit_unknown", "launcher")]
+    if not (isinstance(versions, dict) and isinstance(hosts, list)):
+        return None
+    if all(isinstance(text, str | None) for text in [*texts, *versions.values(), *hosts]):
+        return provenance
+    return None
+
+
 def short_commit(provenance: dict[str, Any]) -> str:
     """`1a2b3c4`, `1a2b3c4-dirty` (as `git describe --dirty` says it), or `unknown`."""
     commit = provenance.get("commit")
@@ -155,8 +169,13 @@ def describe(provenance: dict[str, Any]) -> list[str]:
 def check_resume(path: Path, recipe: Recipe, key_packages: tuple[str, ...]) -> None:
     """Before a resume starts anything: name in one line what made its checkpoint if that differs from this process
     (rank 0 prints it), or refuse it under checkpoint.on_provenance_change=error (RecipeError: exit 2)."""
-    meta = read_meta(path)
-    line = change_line(meta["step"], meta.get(PROVENANCE), local_provenance(key_packages))
+    meta = read_meta(path, needs=("step",))  # complete by its files table, yet it may lack the step named here
+    saved = recorded(meta.get(PROVENANCE))
+    line: str | None
+    if PROVENANCE in meta and saved is None:
+        line = f"resuming from step {meta['step']} of a checkpoint whose provenance is not readable (not as saved)"
+    else:
+        line = change_line(meta["step"], saved, local_provenance(key_packages))
     if line is None:
         return
     option = field_path(CheckpointConfig, "on_provenance_change")

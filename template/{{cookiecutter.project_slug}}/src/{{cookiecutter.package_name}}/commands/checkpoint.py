@@ -20,7 +20,7 @@ from ..checkpoint.layout import (
     scan_checkpoints,
     step_of,
 )
-from ..checkpoint.provenance import PROVENANCE, describe
+from ..checkpoint.provenance import PROVENANCE, describe, recorded
 from ..errors import RecipeError
 from ..progress import working
 from ..tasks import task_class
@@ -114,8 +114,11 @@ def inspect_checkpoint(name: str) -> None:
     print(f"data         {state['data']}")
     print(f"scheduler    last_epoch={state['scheduler']['last_epoch']}")
     print(f"config       {path / 'config.yaml'}")
-    provenance = meta.get(PROVENANCE)
-    print("\n".join(describe(provenance)) if provenance else "provenance   not recorded (saved by an older version)")
+    provenance = recorded(meta.get(PROVENANCE))
+    if provenance:
+        print("\n".join(describe(provenance)))
+    else:
+        print(f"provenance   {'not readable' if PROVENANCE in meta else 'not recorded (saved by an older version)'}")
 
 
 def consolidate_checkpoint(name: str, output: str, force: bool = False) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from jsonargparse import ArgumentParser
 
-from ..checkpoint.provenance import LOGGED_FILE, short_commit
+from ..checkpoint.provenance import LOGGED_FILE, recorded, short_commit
 from ..errors import RecipeError
 from ..project import PROJECT
 from ..training import goodput
@@ -151,12 +151,13 @@ def read_segments(run_dir: Path) -> list[Segment]:
 
 
 def _logged_provenance(path: Path) -> dict[str, Any] | None:
-    """The provenance a segment's logger folder holds, or None (a run of an older version, an unreadable file)."""
+    """The provenance a segment's logger folder holds, or None (a run of an older version, an unreadable file or
+    one that is not a provenance)."""
     try:
         provenance = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return provenance if isinstance(provenance, dict) else None
+    return recorded(provenance)
 
 
 def _made_by(provenance: dict[str, Any] | None) -> list[str]:

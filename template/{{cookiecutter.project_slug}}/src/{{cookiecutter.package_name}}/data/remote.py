@@ -38,7 +38,9 @@ from .shards import Listed, check_listed
 TRIES = 4  # attempts per file before the run stops
 FIRST_PAUSE_S = 0.5  # doubled after each failed attempt
 PIECE = 1 << 20  # bytes read, hashed and written at a time
-SMALL_FILE_BYTES = 64 << 20  # a manifest larger than this is not one (a million shards fit in less)
+# A manifest, or a file listed without a size (the tokenizer), larger than this is not one: a million shards' manifest
+# and the largest tokenizer.json files in use fit in less.
+SMALL_FILE_BYTES = 64 << 20
 MARKER = ".shard-cache"  # in every folder the cache made: the cache writes and evicts nowhere else
 CACHED = re.compile(r"[0-9a-f]{16}-[^/\\]+")  # the name of a copy the cache made (local_name)
 # A refusal from the store that another try cannot change: the file or folder is not there, or not readable.
@@ -46,7 +48,7 @@ PERMANENT_CODES = frozenset({"AccessDenied", "NoSuchKey", "NoSuchBucket", "403",
 
 
 class _TooLarge(Exception):
-    """A small file (the manifest) that is not small: never retried."""
+    """A small file (the manifest, the tokenizer) that is not small: never retried."""
 
 
 def is_url(path: str | None) -> bool:
@@ -188,16 +190,18 @@ class ShardCache:
                 pause *= 2
 
     def _copy(self, name: str, target: Path, listed: Listed | None) -> None:
-        """Copy one remote file to `target` through `target.partial`, hashing it on the way; rename when it matches."""
+        """Copy one remote file to `target` through `target.partial`, hashing it on the way; rename when it matches.
+        A file without a listed size (the manifest, the tokenizer) stops at SMALL_FILE_BYTES."""
         partial = target.with_name(target.name + ".partial")
+        too_large = "not a manifest (refused)" if listed is None else "more than a small file can be (refused)"
         digest = hashlib.sha256()
         try:
             with self.fs.open(f"{self.root}/{name}", "rb") as source, partial.open("wb") as out:
                 read = 0
                 while piece := source.read(PIECE):
                     read += len(piece)
-                    if listed is None and read > SMALL_FILE_BYTES:
-                        raise _TooLarge(f"is larger than {SMALL_FILE_BYTES >> 20} MiB: not a manifest (refused)")
+                    if (listed is None or listed.size is None) and read > SMALL_FILE_BYTES:
+                        raise _TooLarge(f"is larger than {SMALL_FILE_BYTES >> 20} MiB: {too_large}")
                     digest.update(piece)
                     out.write(piece)
             if listed is not None and digest.hexdigest() != listed.sha256:

@@ -184,6 +184,8 @@ def check_files(folder: Path, files: list[Listed], checksums: bool, field: str) 
         path = folder / name
         if not path.is_file():
             raise RecipeError(f"{where}: {name} is missing ({MANIFEST} lists it; prepare again)")
+        if path.resolve().parent != folder.resolve():  # a link: the manifest's name would read another file
+            raise RecipeError(f"{where}: {name} is a link that leads outside the folder (refused: copy the file in)")
         sizes.append(found := path.stat().st_size)
         if size is not None and found != size:
             raise RecipeError(f"{where}: {name} has {found} bytes, {MANIFEST} says {size} (prepare again)")

@@ -153,6 +153,21 @@ def test_a_malformed_manifest_is_refused_in_one_line_by_every_reader(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("command", ["train", "data verify"])
+def test_a_listed_file_that_links_outside_the_folder_is_refused_in_one_line(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = manifest_folder(tmp_path, {})
+    (tmp_path / "secret.json").write_text("{}")
+    (folder / "tokenizer.json").symlink_to(tmp_path / "secret.json")
+    if command == "train":
+        argv = train_args(tmp_path / "run", "--data.source", "prepared", "--data.path", str(folder))
+    else:
+        argv = ["data", "verify", str(folder)]
+    assert "tokenizer.json is a link that leads outside the folder" in fail_with(argv, capsys)
+    assert not (tmp_path / "run").exists()
+
+
 CODE_TASK = "task: code_task\ndataset_path: json\ndataset_kwargs:\n  data_files: {test: data.jsonl}\nprocess_docs: !function utils.process_docs\n"  # fmt: skip
 URL_TASK = "task: url_task\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: https://example.invalid/data.jsonl\n"  # fmt: skip
 

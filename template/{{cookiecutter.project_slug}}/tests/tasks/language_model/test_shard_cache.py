@@ -17,6 +17,7 @@ import fsspec
 import numpy as np
 import pytest
 from helpers import fail_with, train_args
+from test_bad_lm_inputs import MANIFEST_CASES  # the same cases as a local folder's
 
 from {{ cookiecutter.package_name }}.data import remote
 from {{ cookiecutter.package_name }}.data.remote import CachedShards, ShardCache
@@ -176,6 +177,24 @@ def test_a_manifest_larger_than_a_manifest_can_be_is_refused_without_retries(
     assert not (cache.folder / "manifest.json").exists()
 
 
+def test_a_listed_file_with_no_size_larger_than_a_small_file_can_be_is_refused_without_retries(
+    tmp_path: Path, bucket: tuple[str, list[Listed]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tokenizer is listed by its digest alone: a manifest and tokenizer of the same author could make it any size,
+    so it is held to the small files' bound as it arrives (its digest matches: only its size is refused)."""
+    url, _ = bucket
+    huge = b"{" + b" " * 5000 + b"}"
+    fsspec.filesystem("memory").pipe(url.removeprefix("memory://") + "/tokenizer.json", huge)
+    monkeypatch.setattr(remote, "SMALL_FILE_BYTES", 4096)
+    monkeypatch.setattr(remote, "FIRST_PAUSE_S", 5.0)  # a retry would show as seconds
+    cache = ShardCache(url, tmp_path / "cache", bound_bytes=1 << 30)
+    started = time.monotonic()
+    with pytest.raises(RecipeError, match=r"tokenizer\.json is larger than 0 MiB: more than a small file can be"):
+        cache.path(Listed("tokenizer.json", None, hashlib.sha256(huge).hexdigest()))
+    assert time.monotonic() - started < 5.0
+    assert sorted(path.name for path in cache.folder.iterdir()) == [remote.MARKER, "tokenizer.json.lock"]
+
+
 @pytest.mark.parametrize(
     "refusal",
     [PermissionError("403 Forbidden"), FileNotFoundError("NoSuchKey")],
@@ -220,3 +239,25 @@ def test_data_verify_reads_a_url_as_a_url_and_every_byte_it_lists(
     assert capsys.readouterr().out.startswith(f"{url}: every file matches its manifest: 300 tokens in 6 shard(s)")
     memory.pipe(f"{root}/shard-00003.bin", SHARDS[0].tobytes())  # same size, other bytes
     assert "shard-00003.bin does not match its sha256" in fail_with(["data", "verify", url], capsys)
+
+
+@pytest.mark.parametrize(("case_id", "change", "message"), MANIFEST_CASES, ids=[case[0] for case in MANIFEST_CASES])
+@pytest.mark.parametrize("command", ["train", "data verify"])
+def test_a_malformed_manifest_in_a_bucket_is_refused_in_one_line_as_a_local_one_is(
+    command: str,
+    case_id: str,
+    change: dict,
+    message: str,
+    tmp_path: Path,
+    bucket: tuple[str, list[Listed]],
+    capsys: pytest.CaptureFixture,
+) -> None:
+    url, files = bucket
+    remote_manifest(url, files, **change)
+    if command == "train":
+        overrides = ["--data.source", "prepared", "--data.path", url, "--data.cache_dir", str(tmp_path / "cache")]
+        argv = train_args(tmp_path / "run", *overrides)
+    else:
+        argv = ["data", "verify", url]
+    assert message in fail_with(argv, capsys)
+    assert not (tmp_path / "run").exists()
