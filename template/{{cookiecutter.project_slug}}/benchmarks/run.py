@@ -546,7 +546,7 @@ def main() -> None:
         ("step sync", lambda: figures.update(fused_decide_vs_per_decision=step_sync_figure(args.quick, repeats))),
         ("checkpoint", lambda: figures.update(checkpoint_figures(args.quick, repeats))),
         ("start-up", lambda: figures.update(startup_vs_import=startup_figure(args.quick, repeats))),
-        ("early ranks", lambda: figures.update(startup_early_ranks_vs_fabric=early_ranks_figure(max(repeats, 3)))),
+        ("early ranks", lambda: figures.update(startup_early_ranks_vs_fabric=early_ranks_figure(repeats))),
         ("corpus start-up", lambda: figures.update(corpus_startup_figures(args.quick, repeats))),
         ("training defaults", lambda: figures.update(training_default_figures(args.quick, repeats))),
         ("shard cache", lambda: figures.update(shard_cache_figures(args.quick, repeats))),

@@ -25,6 +25,7 @@ KEYS = {
     "async_blocked_vs_sync",
     "async_blocked_vs_memory_copy",
     "startup_vs_import",
+    "startup_early_ranks_vs_fabric",
     "first_step_16gb_vs_1gb",
     "first_step_verify_full_vs_sizes",
     "host_syncs_per_step",
