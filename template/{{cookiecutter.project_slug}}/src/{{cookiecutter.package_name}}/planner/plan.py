@@ -147,8 +147,12 @@ def unavailable(candidate: Candidate, inputs: Inputs) -> str | None:
     return refused.get(name) or refused.get(name.removesuffix(f"_ep{option.expert_parallel}"))
 
 
-def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate:
-    """Bytes, communication and step time of one candidate at one micro-batch size."""
+def estimate(
+    candidate: Candidate, inputs: Inputs, micro_batch: int, stage_rank: int | None = None, checkpointed: bool = False
+) -> Estimate:
+    """Bytes, communication and step time of one candidate at one micro-batch size (`checkpointed`: with activation
+    checkpointing whether needed or not); a pipeline's on pipeline rank `stage_rank`, or else on its rank that holds
+    the most, every rank checkpointed if one must be (the recipe's one flag; pipeline.py sizes each rank)."""
     cost, precision, option, t = inputs.cost, inputs.precision, candidate.option, candidate.tensor_parallel
     scale = inputs.parameters / cost.parameters()  # a bare --parameters count on a reference shape
     local = cost.parameters(t) * scale  # parameters on one tensor-parallel rank
@@ -160,8 +164,15 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
     pipeline = None
     if pp > 1:  # each piece one sample: the smallest bubble the micro-batch allows
         schedule, per_rank = option.pipeline_schedule, option.pipeline_stages_per_rank
-        pipeline = pipeline_terms(cost, pp, schedule, per_rank, micro_batch, micro_batch, precision, t, sixteen_bit)
-        local = pipeline.layers * layer + root  # the largest stage: its blocks and (at most) every module outside
+        if stage_rank is None:
+            ranks = [estimate(candidate, inputs, micro_batch, r) for r in range(pp)]
+            if any(e.checkpointing for e in ranks):
+                ranks = [estimate(candidate, inputs, micro_batch, r, checkpointed=True) for r in range(pp)]
+            return max(ranks, key=lambda e: e.total)
+        pipeline = pipeline_terms(cost, pp, schedule, per_rank, micro_batch, micro_batch, precision, t, sixteen_bit,
+                                  stage_rank)  # fmt: skip
+        root = pipeline.ends * scale  # the embedding on the first stage's rank, the head on the last's
+        local = pipeline.layers * layer + root
     paper = zero_model_states(local, precision, option.stage, data_parallel, inputs.trained)
     apart = experts.not_gathered(cost, option, data_parallel) * scale  # expert parallel: experts a rank never gathers
     sizes = PlanSizes(local, layer - apart, root, precision, data_parallel, inputs.trained)
@@ -176,7 +187,7 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
         pipeline.activations if pipeline else context.activations(cost, option, micro_batch, precision, t, sixteen_bit)
     )
     base = paper.total + sum(value for _, value in terms)
-    checkpointing = base + acts.peak > inputs.budget
+    checkpointing = checkpointed or base + acts.peak > inputs.budget
     total = base + (acts.checkpointed_peak if checkpointing else acts.peak)
     why_not = unavailable(candidate, inputs)
     fits = why_not is None and total <= inputs.budget

@@ -232,6 +232,9 @@ class FSDP2(TrainingStrategy):
                     (4 if sixteen_bit else weight) * blocks * sizes.trained,
                 ),
                 root,
+                # the stage's embedding or head, kept gathered for the step: its gradient summed so too, beside
+                # each piece's own (rehearsed: a first stage of Llama-70B holds 5.9 GiB of them)
+                PlanTerm("the root's unsharded gradients", gradient * sizes.root * sizes.trained),
             ]
         return [
             PlanTerm("gathered layer, current and prefetched", 2 * weight * sizes.layer),
@@ -282,7 +285,8 @@ class FSDP2(TrainingStrategy):
     def build_model(self, fabric: Fabric, pretrained: bool = False) -> nn.Module:
         if self.pipeline_parallel_size == 1:
             return super().build_model(fabric, pretrained)
-        from .pipeline import PipelineRank, build_stages, stage_indices, stage_split
+        from .pipeline import PipelineRank, build_stages, stage_split
+        from .pipeline_checks import stage_indices
 
         options = self.options
         mesh = fabric.strategy.device_mesh  # type: ignore[attr-defined]
