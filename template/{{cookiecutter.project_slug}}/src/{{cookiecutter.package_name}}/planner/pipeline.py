@@ -93,7 +93,10 @@ def rank_pieces(schedule: str, size: int, pieces: int, stages_per_rank: int, ran
 
 @lru_cache(maxsize=256)
 def stage_blocks(n_layer: int, layer: int, first: int, last: int, stages: int) -> tuple[int, ...]:
-    """Blocks per stage as the pipeline splits them by parameter count (`layer` each, `first` and `last` outside)."""
+    """Blocks per stage as the pipeline splits them by parameter count (`layer` each, `first` and `last` outside);
+    with more stages than blocks (a layout plan marks n/a) one block each."""
+    if stages > n_layer:
+        return (1,) * stages
     return tuple(balanced_split([layer] * n_layer, first, last, stages))
 
 
