@@ -344,7 +344,7 @@ def choose(fitting: list[Estimate], devices: int) -> tuple[Estimate, Estimate]:
             return best, cheapest
     if cheapest.step_seconds is None:
         return cheapest, cheapest
-    if cheapest.pipeline is not None:  # the same layout under its quickest schedule (they hold the same)
+    if cheapest.pipeline is not None:  # the same layout under its quickest schedule that fits
         same = [e for e in tier if e.pipeline and e.candidate.option.layout() == cheapest.candidate.option.layout()]
         return quickest(same), cheapest
     rivals = [e for e in tier if (e.pipeline or e.candidate.option.expert_parallel > 1) and e.step_seconds is not None]

@@ -42,7 +42,7 @@ def test_a_gpu_recipes_ranks_hold_what_plan_says(recipe: str, ranks: list[int]) 
     assert rehearsal["ranks"][0]["collectives"]["allreduce"] >= 1  # the step decision's
 
 
-PIPELINES = ("llama-70b-pp-fsdp2-tp-multinode",)  # plan sizes every stage as the largest: the test below
+PIPELINES = ("llama-70b-pp-fsdp2-tp-multinode",)  # plan's figure is its worst rank's: the test below
 QUICK = ("fsdp2-node", "ddp-node")  # the test above
 
 
@@ -64,8 +64,8 @@ def test_every_gpu_recipe_of_the_library_rehearses_as_planned_or_says_why_not(re
 def test_the_70b_pipelines_ranks_hold_their_blocks_shards_within_plans_largest_stage() -> None:
     """llama-70b-pp-fsdp2-tp-multinode on 64 nodes x 8: 4 pipeline ranks of 2 interleaved stages each, every stage's
     blocks split over 8 GPUs and sharded over its 16 copies. The first rank (the embedding), the first of the second
-    pipeline rank and the last (the final norm and head) hold their blocks' shards to the byte; plan sizes every rank
-    as the largest, its blocks and every module outside them, which bounds them all."""
+    pipeline rank and the last (the final norm and head) hold their blocks' shards to the byte; plan sizes each rank
+    and shows the one that holds the most (here the last), which bounds them all."""
     ranks, data_parallel, tensor_parallel = [0, 128, 511], 16, 8
     result = run_cli(
         "rehearse", "llama-70b-pp-fsdp2-tp-multinode", "--num_nodes", "64", "--ranks", "0,128,-1", "--json"
