@@ -4,11 +4,15 @@ the step's peak is within 10% of plan's, and its collectives are the ones plan's
 from __future__ import annotations
 
 import json
+from argparse import Namespace
 
 import pytest
 from helpers import RECIPES, fail_with, run_cli
 
+from {{ cookiecutter.package_name }}.commands.plan import plan_device
+from {{ cookiecutter.package_name }}.commands.rehearse import planned
 from {{ cookiecutter.package_name }}.recipe.library import recipes_on
+from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 
 PEAK_WITHIN = 0.10  # the rehearsed peak against plan's (docs/strategies.md: what neither counts)
 
@@ -89,6 +93,20 @@ def test_the_70b_pipelines_ranks_hold_their_blocks_shards_within_plans_largest_s
     first, middle, last = (rank["blocks"] for rank in rehearsal["ranks"])
     assert 0 in first and layers - 1 in last
     assert len(first) == len(last) < len(middle)  # balanced by parameters: the embedding and the head weigh blocks
+
+
+def test_beside_each_pipeline_rank_rehearse_sets_plans_figure_for_that_rank() -> None:
+    """Llama-70B in 2 stages of 40 blocks under 1F1B (what `plan --write` writes for it): plan's figure is the last
+    rank's (the loss's logits), the first rank's is its own, smaller; rehearsed, rank 0 peaked at 58.8 GiB and the last
+    at 57.3 GiB (docs/strategies.md)."""
+    layout = ["--strategy.fsdp2.pipeline_parallel_size", "2", "--strategy.fsdp2.pipeline_schedule", "1F1B"]
+    recipe = parse_recipe(["--config", str(RECIPES / "llama-70b-pp-fsdp2-tp-multinode.yaml"), *layout,
+                           "--strategy.fsdp2.pipeline_stages_per_rank", "1"])  # fmt: skip
+    device = plan_device(Namespace(gpu="H100", gpu_memory_gib=None), recipe)
+    worst, first, last = planned(recipe, device), planned(recipe, device, 0), planned(recipe, device, 1)
+    assert worst is not None and first is not None and worst == last
+    assert first["peak_bytes"] / 2**30 == pytest.approx(61.9, abs=0.05)
+    assert worst["peak_bytes"] / 2**30 == pytest.approx(68.1, abs=0.05)
 
 
 @pytest.mark.parametrize(
