@@ -27,8 +27,10 @@ ZB-V holds 37.9 GiB checkpointed, 33.6 GiB not); plan bounds them by every piece
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from ..strategies.pipeline_checks import LOOPED_MINIMUM, ZERO_BUBBLE_SCHEDULES, balanced_split, stage_indices
 from ..tasks.base import Activations, ModelCost
@@ -176,3 +178,12 @@ def pipeline_terms(
         ends=load.ends,
         loads=loads,
     )
+
+
+def worst_rank(estimate_on: Callable[[int, bool], Any], size: int) -> Any:
+    """The estimate of the pipeline rank that holds the most, `estimate_on(rank, checkpointed)` giving each: every
+    rank checkpointed if one must be, as the recipe's one `activation_checkpointing` flag has them all."""
+    ranks = [estimate_on(rank, False) for rank in range(size)]
+    if any(estimate.checkpointing for estimate in ranks):
+        ranks = [estimate_on(rank, True) for rank in range(size)]
+    return max(ranks, key=lambda estimate: estimate.total)

@@ -38,7 +38,7 @@ from . import context, experts
 from .hardware import NVME_GB_S, PCIE_GB_S
 from .inputs import Candidate, Device, Inputs
 from .options import PlanSizes
-from .pipeline import PipelineTerms, pipeline_terms
+from .pipeline import PipelineTerms, pipeline_terms, worst_rank
 from .units import GB, size
 
 
@@ -150,9 +150,8 @@ def unavailable(candidate: Candidate, inputs: Inputs) -> str | None:
 def estimate(
     candidate: Candidate, inputs: Inputs, micro_batch: int, stage_rank: int | None = None, checkpointed: bool = False
 ) -> Estimate:
-    """Bytes, communication and step time of one candidate at one micro-batch size (`checkpointed`: with activation
-    checkpointing whether needed or not); a pipeline's on pipeline rank `stage_rank`, or else on its rank that holds
-    the most, every rank checkpointed if one must be (the recipe's one flag; pipeline.py sizes each rank)."""
+    """Bytes, communication and step time of one candidate at one micro-batch size (`checkpointed`: checkpointing
+    whether needed or not); a pipeline's on pipeline rank `stage_rank`, else on its worst (pipeline.py's worst_rank)."""
     cost, precision, option, t = inputs.cost, inputs.precision, candidate.option, candidate.tensor_parallel
     scale = inputs.parameters / cost.parameters()  # a bare --parameters count on a reference shape
     local = cost.parameters(t) * scale  # parameters on one tensor-parallel rank
@@ -165,14 +164,10 @@ def estimate(
     if pp > 1:  # each piece one sample: the smallest bubble the micro-batch allows
         schedule, per_rank = option.pipeline_schedule, option.pipeline_stages_per_rank
         if stage_rank is None:
-            ranks = [estimate(candidate, inputs, micro_batch, r) for r in range(pp)]
-            if any(e.checkpointing for e in ranks):
-                ranks = [estimate(candidate, inputs, micro_batch, r, checkpointed=True) for r in range(pp)]
-            return max(ranks, key=lambda e: e.total)
+            return worst_rank(lambda rank, ckpt: estimate(candidate, inputs, micro_batch, rank, ckpt), pp)
         pipeline = pipeline_terms(cost, pp, schedule, per_rank, micro_batch, micro_batch, precision, t, sixteen_bit,
                                   stage_rank)  # fmt: skip
-        root = pipeline.ends * scale  # the embedding on the first stage's rank, the head on the last's
-        local = pipeline.layers * layer + root
+        local = pipeline.layers * layer + (root := pipeline.ends * scale)  # its blocks and its end, if any
     paper = zero_model_states(local, precision, option.stage, data_parallel, inputs.trained)
     apart = experts.not_gathered(cost, option, data_parallel) * scale  # expert parallel: experts a rank never gathers
     sizes = PlanSizes(local, layer - apart, root, precision, data_parallel, inputs.trained)
