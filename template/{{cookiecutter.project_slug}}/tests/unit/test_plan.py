@@ -103,13 +103,15 @@ def test_a_model_too_big_for_8_x_24_gb_gets_offload(capsys: pytest.CaptureFixtur
 
 def test_a_pipeline_candidate_matches_a_hand_computation(capsys: pytest.CaptureFixture[str]) -> None:
     """fsdp2_pp4_tp8 on 8 nodes x 8 GPUs: 4 stages of 20 toy blocks, each split over 8 GPUs and sharded over the 2
-    copies of its stage; micro batch 8 in 8 pieces of one vector under 1F1B."""
+    copies of its stage; micro batch 8 in 8 pieces of one vector under 1F1B. The worst rank is the first: it holds
+    4 pieces (the last one) and the input layer (the toy's sizes do not say which end holds what: half of the
+    parameters outside the blocks on each)."""
     plan = plan_json(capsys, *ON_GPUS, *BIG, "--train.micro_batch_size", "8", "--gpu", "H100", "--num_nodes", "8")
     option = next(option for option in plan["options"] if option["strategy"] == "fsdp2_pp4_tp8")
     width, inputs, outputs = 8192, 8, 4
     # fc (width -> 2 width, biased) and proj (2 width -> width) split; proj's bias and the LayerNorm are not.
     block = (2 * width * width + 2 * width + 2 * width * width) // 8 + width + 2 * width
-    outside = (inputs * width + width) + (width * outputs + outputs)  # input layer, head: on the largest stage
+    outside = ((inputs * width + width) + (width * outputs + outputs)) // 2  # input layer, head: half on each end
     stage = 20 * block + outside
     assert option["parameters_bytes"] == option["gradients_bytes"] == 2 * stage / 2  # bf16, over 2 data-parallel ranks
     assert option["optimizer_bytes"] == 12 * stage / 2  # fp32 master weights, Adam's two moments
@@ -119,13 +121,16 @@ def test_a_pipeline_candidate_matches_a_hand_computation(capsys: pytest.CaptureF
         "bubble_fraction": 3 / 11,  # (p - 1) / (m + p - 1)
         "pieces_held_by_first_stage": 4,  # min(m, p)
         "blocks_per_rank": 20,
+        "worst_rank": 0,
         "p2p_elements_per_micro_batch": 2 * 8 * width,  # forward activations and backward gradients, b h
     }
-    # Until the step's last piece the stage holds its 20 blocks gathered (bf16) and their gradients (fp32).
+    # Until the step's last piece the stage holds its 20 blocks and its end gathered (bf16) and their gradients
+    # (fp32; the end's beside each piece's bf16 one).
     assert option["runtime_extra_terms"] == {
         "the stage's blocks, gathered until the step's last backward": 2 * 20 * block,
         "their unsharded gradients, summed over the pieces": 4 * 20 * block,
         "root (embeddings, head) gathered for the step": 2 * outside / 2,
+        "the root's unsharded gradients": (2 + 4) * outside,
     }
     zbv = next(option for option in plan["options"] if option["strategy"] == "fsdp2_pp4_tp8_zbv")
     assert zbv["pipeline"] == {
@@ -134,6 +139,7 @@ def test_a_pipeline_candidate_matches_a_hand_computation(capsys: pytest.CaptureF
         "bubble_fraction": 0,  # 8 pieces >= 2p - 1 fill the V
         "pieces_held_by_first_stage": 4,
         "blocks_per_rank": 20,
+        "worst_rank": 0,
         "p2p_elements_per_micro_batch": 2 * 2 * 8 * width,  # both stages send
     }
     bubbles = {o["strategy"]: o["pipeline"]["bubble_fraction"] for o in plan["options"] if o["pipeline"]}

@@ -132,10 +132,11 @@ def last_error(output: str, exitcode: int | None) -> str:
     return f"killed by signal {-exitcode}" if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
 
 
-def planned(recipe: Recipe, device: Device) -> dict[str, Any] | None:
+def planned(recipe: Recipe, device: Device, pipeline_rank: int | None = None) -> dict[str, Any] | None:
     """What plan says one rank of this recipe holds (torch's split of the model states) and the collectives of its
     step (where plan's communication model counts them, with the step decision's all_reduce), or None without
-    size formulas or a plan option for the recipe's layout."""
+    size formulas or a plan option for the recipe's layout; under a pipeline, of its worst rank or of the ranks of
+    pipeline rank `pipeline_rank`."""
     from ..planner.context import context_collectives, recipe_option
     from ..planner.experts import expert_collectives, expert_units
     from ..planner.hardware import INTERCONNECTS
@@ -149,7 +150,7 @@ def planned(recipe: Recipe, device: Device) -> dict[str, Any] | None:
     option = recipe_option(option, strategy)  # with the recipe's context-parallel degree
     link, trained = INTERCONNECTS["infiniband"], task.trained_parameters()  # adapters: beside the model's own
     inputs = plan_inputs(recipe, cost, cost.parameters() + (trained or 0), device, link, 0, trained_parameters=trained)
-    result = estimate(Candidate(strategy, option), inputs, recipe.train.micro_batch_size)
+    result = estimate(Candidate(strategy, option), inputs, recipe.train.micro_batch_size, pipeline_rank)
     assert result.sizes is not None  # every estimate has them
     shares = result.sizes
     states = torch_model_states(shares.parameters, recipe.precision, option.stage, shares.data_parallel, shares.trained)
@@ -193,7 +194,7 @@ def render(recipe: Recipe, ranks: list[dict[str, Any]], plan: dict[str, Any] | N
         blocks = f": blocks {spans(rank['blocks'])}" if rank.get("blocks") else ""
         lines.append(f"rank {rank['rank']} ({mesh}){blocks}")
         for key, label in (("parameters", "params"), ("gradients", "grads"), ("optimizer", "optim"), ("peak", "peak")):
-            measured, expected = rank[f"{key}_bytes"], (plan or {}).get(f"{key}_bytes")
+            measured, expected = rank[f"{key}_bytes"], (rank.get("plan") or plan or {}).get(f"{key}_bytes")
             ratio = f"{measured / expected:.3f}" if expected else "-"
             planned_text = size(expected) if expected is not None else "-"
             lines.append(f"  {label:<10}{size(measured):>11}{planned_text:>11}{ratio:>8}")  # "1011.1 MiB" and a space
@@ -237,6 +238,9 @@ def run(argv: list[str], prog: str) -> None:
     device = plan_device(options, recipe)
     plan = planned(recipe, device)
     results = rehearse_ranks(recipe_argv, ranks)
+    if (stages := getattr(strategy_for(recipe), "pipeline_parallel_size", 1)) > 1 and plan is not None:
+        for result in results:  # plan sizes each pipeline rank: beside each, its own (the mesh's outer dimension)
+            result["plan"] = planned(recipe, device, result["rank"] // (recipe.world_size // stages))
     if options.json:
         print(json.dumps({"world_size": recipe.world_size, "plan": plan, "ranks": results}, indent=2))
     else:

@@ -13,27 +13,54 @@ and the weight half of its backward taking equal time (their matmul FLOPs are eq
                  section 2.2)
     p2p          per micro-batch a middle rank sends each of its stages' outputs forward and their input
                  gradients back: 2 v s b h elements
+
+Each pipeline rank is sized on its own (`rank_loads`), as torch's pipeline builds it: the blocks split as
+strategies/pipeline_checks.py's `balanced_split` splits them (the embedding weighs on the first stage, the head on
+the last), the stages a rank holds as its schedule places them (ZB-V puts the first and the last on rank 0), and the
+pieces it holds: GPipe all m on every rank, 1F1B min(m, p - r) on rank r, the interleaved 1F1B the first rank's
+count on each (an upper bound for the later ranks). The loss's logits are held on the rank of the last stage, for
+one piece at a time (GPipe: all m). The zero-bubble schedules take a piece's input gradients with autograd.grad
+keeping the graph for its weight half: measured by `rehearse`, a rank then holds more than its pieces in flight, and
+checkpointing saves nothing (the recomputed activations stay with the graph; on an 8-block Llama-70B shape a rank of
+ZB-V holds 37.9 GiB checkpointed, 33.6 GiB not); plan bounds them by every piece of the micro-batch, uncheckpointed.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
-from ..strategies.pipeline_checks import LOOPED_MINIMUM
+from ..strategies.pipeline_checks import LOOPED_MINIMUM, ZERO_BUBBLE_SCHEDULES, balanced_split, stage_indices
 from ..tasks.base import Activations, ModelCost
 
 
 @dataclass(frozen=True)
+class RankLoad:
+    """What one pipeline rank's stages hold: blocks, the parameters outside them, the activations of its pieces."""
+
+    rank: int
+    blocks: int
+    ends: float  # parameters outside the blocks on one tensor-parallel rank: embedding (first stage), head (last)
+    block_pieces: float  # pieces x blocks whose activations the rank holds at its peak
+    loss_pieces: int  # pieces whose loss (logits) the rank holds: its last stage's, 0 without it
+
+
+@dataclass(frozen=True)
 class PipelineTerms:
-    """One pipeline layout's costs per device, for one micro-batch of `micro_batch` samples in `pieces` pieces."""
+    """One pipeline layout's costs on one of its ranks (plan shows its worst), for one micro-batch of `micro_batch`
+    samples in `pieces` pieces."""
 
     stages: int  # p x v
-    layers: int  # blocks on the rank that holds the most
+    layers: int  # blocks on this rank
     bubble: float  # idle share of a step
     pieces_held: float  # pieces whose activations the first stage holds at its peak
-    activations: Activations  # what that rank holds
+    activations: Activations  # what this rank holds
     p2p_elements: float  # sent per micro-batch by a middle rank
+    rank: int = 0  # the pipeline rank these terms are of
+    ends: float = 0.0  # its parameters outside the blocks (one tensor-parallel rank)
+    loads: tuple[RankLoad, ...] = ()  # every pipeline rank's
 
 
 def bubble_fraction(schedule: str, size: int, pieces: int, stages_per_rank: int = 1) -> float:
@@ -56,6 +83,72 @@ def pieces_held(schedule: str, size: int, pieces: int, stages_per_rank: int = 1)
     return held
 
 
+def rank_pieces(schedule: str, size: int, pieces: int, stages_per_rank: int, rank: int) -> float:
+    """Pieces (each through all of the rank's blocks) whose activations pipeline rank `rank` holds at its peak; the
+    zero-bubble schedules: every piece (module docstring)."""
+    if schedule == "GPipe" or schedule in ZERO_BUBBLE_SCHEDULES:
+        return float(pieces)
+    if schedule == "1F1B":
+        return float(min(pieces, size - rank))
+    return pieces_held(schedule, size, pieces, stages_per_rank)
+
+
+@lru_cache(maxsize=256)
+def stage_blocks(n_layer: int, layer: int, first: int, last: int, stages: int) -> tuple[int, ...]:
+    """Blocks per stage as the pipeline splits them by parameter count (`layer` each, `first` and `last` outside);
+    with more stages than blocks (a layout plan marks n/a) one block each."""
+    if stages > n_layer:
+        return (1,) * stages
+    return tuple(balanced_split([layer] * n_layer, first, last, stages))
+
+
+def end_parameters(cost: ModelCost, tensor_parallel: int) -> tuple[float, float]:
+    """(parameters before the blocks, after them) on one tensor-parallel rank: the task's `pipeline_end_parameters`
+    where it has one, else the parameters outside the blocks halved."""
+    split = getattr(cost, "pipeline_end_parameters", None)
+    if callable(split):
+        first, last = split(tensor_parallel)
+        return float(first), float(last)
+    outside = cost.parameters(tensor_parallel) - cost.n_layer * cost.layer_parameters(tensor_parallel)
+    return outside / 2, outside / 2
+
+
+def rank_loads(
+    cost: ModelCost, size: int, schedule: str, stages_per_rank: int, pieces: int, tensor_parallel: int = 1
+) -> tuple[RankLoad, ...]:
+    """Each pipeline rank's blocks, ends and held pieces (module docstring)."""
+    stages = size * stages_per_rank
+    first, last = end_parameters(cost, 1)
+    split = stage_blocks(cost.n_layer, cost.layer_parameters(), round(first), round(last), stages)
+    local_first, local_last = end_parameters(cost, tensor_parallel)
+    loss_pieces = pieces if schedule == "GPipe" or schedule in ZERO_BUBBLE_SCHEDULES else 1
+    loads = []
+    for rank in range(size):
+        held = stage_indices(rank, size, stages_per_rank, schedule)
+        blocks = sum(split[stage] for stage in held)
+        ends = (local_first if 0 in held else 0.0) + (local_last if stages - 1 in held else 0.0)
+        per_rank = rank_pieces(schedule, size, pieces, stages_per_rank, rank)
+        loads.append(RankLoad(rank, blocks, ends, per_rank * blocks, loss_pieces if stages - 1 in held else 0))
+    return tuple(loads)
+
+
+def rank_activations(whole: Activations, n_layer: int, pieces: int, load: RankLoad, zero_bubble: bool) -> Activations:
+    """What one rank holds, from one micro-batch through the whole model (`whole`): each block's share per piece
+    held, and beside the blocks (the loss's logits, mostly) on the rank of the last stage only."""
+    layer = whole.recompute_peak  # one block of the whole micro-batch, not checkpointed
+    outside = whole.held - n_layer * layer
+    checkpointed_layer = layer if zero_bubble else (whole.held_checkpointed - outside) / n_layer
+    blocks, loss = load.block_pieces / pieces, load.loss_pieces / pieces  # in micro-batches
+    return Activations(
+        paper=whole.paper * blocks / n_layer,
+        paper_checkpointed=(whole.paper if zero_bubble else whole.paper_checkpointed) * blocks / n_layer,
+        held=blocks * layer + loss * outside,
+        held_checkpointed=blocks * checkpointed_layer + loss * outside,
+        recompute_peak=layer / pieces,  # one block of one piece rebuilt
+        backward_transient=whole.backward_transient / pieces if load.loss_pieces else 0.0,
+    )
+
+
 def pipeline_terms(
     cost: ModelCost,
     size: int,
@@ -66,25 +159,31 @@ def pipeline_terms(
     precision: str,
     tensor_parallel: int = 1,
     sixteen_bit_module: bool = False,
+    rank: int | None = None,
 ) -> PipelineTerms:
-    """The bubble, held activations and p2p volume of `size` pipeline ranks on one micro-batch of `pieces` pieces."""
-    layers = math.ceil(cost.n_layer / size)
-    # Activations grow with the samples: a piece holds 1 / pieces of the micro-batch's, on layers / n_layer blocks.
+    """The bubble, held activations and p2p volume of `size` pipeline ranks on one micro-batch of `pieces` pieces,
+    on pipeline rank `rank` (None: the first)."""
     whole = cost.activations(micro_batch, precision, tensor_parallel, sixteen_bit_module)
-    held = pieces_held(schedule, size, pieces, stages_per_rank) / pieces * layers / cost.n_layer
-    activations = Activations(
-        paper=whole.paper * held,
-        paper_checkpointed=whole.paper_checkpointed * held,
-        held=whole.held * held,
-        held_checkpointed=whole.held_checkpointed * held,
-        recompute_peak=whole.recompute_peak / pieces,  # one block of one piece rebuilt
-        backward_transient=whole.backward_transient / pieces,  # the last stage's loss of one piece
-    )
+    loads = rank_loads(cost, size, schedule, stages_per_rank, pieces, tensor_parallel)
+    load = loads[rank or 0]
+    zero_bubble = schedule in ZERO_BUBBLE_SCHEDULES
     return PipelineTerms(
         stages=size * stages_per_rank,
-        layers=layers,
+        layers=load.blocks,
         bubble=bubble_fraction(schedule, size, pieces, stages_per_rank),
         pieces_held=pieces_held(schedule, size, pieces, stages_per_rank),
-        activations=activations,
+        activations=rank_activations(whole, cost.n_layer, pieces, load, zero_bubble),
         p2p_elements=2 * stages_per_rank * cost.hidden_elements(micro_batch),
+        rank=load.rank,
+        ends=load.ends,
+        loads=loads,
     )
+
+
+def worst_rank(estimate_on: Callable[[int, bool], Any], size: int) -> Any:
+    """The estimate of the pipeline rank that holds the most, `estimate_on(rank, checkpointed)` giving each: every
+    rank checkpointed if one must be, as the recipe's one `activation_checkpointing` flag has them all."""
+    ranks = [estimate_on(rank, False) for rank in range(size)]
+    if any(estimate.checkpointing for estimate in ranks):
+        ranks = [estimate_on(rank, True) for rank in range(size)]
+    return max(ranks, key=lambda estimate: estimate.total)

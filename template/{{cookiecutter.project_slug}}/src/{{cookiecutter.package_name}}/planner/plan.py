@@ -38,7 +38,7 @@ from . import context, experts
 from .hardware import NVME_GB_S, PCIE_GB_S
 from .inputs import Candidate, Device, Inputs
 from .options import PlanSizes
-from .pipeline import PipelineTerms, pipeline_terms
+from .pipeline import PipelineTerms, pipeline_terms, worst_rank
 from .units import GB, size
 
 
@@ -147,8 +147,11 @@ def unavailable(candidate: Candidate, inputs: Inputs) -> str | None:
     return refused.get(name) or refused.get(name.removesuffix(f"_ep{option.expert_parallel}"))
 
 
-def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate:
-    """Bytes, communication and step time of one candidate at one micro-batch size."""
+def estimate(
+    candidate: Candidate, inputs: Inputs, micro_batch: int, stage_rank: int | None = None, checkpointed: bool = False
+) -> Estimate:
+    """Bytes, communication and step time of one candidate at one micro-batch size (`checkpointed`: checkpointing
+    whether needed or not); a pipeline's on pipeline rank `stage_rank`, else on its worst (pipeline.py's worst_rank)."""
     cost, precision, option, t = inputs.cost, inputs.precision, candidate.option, candidate.tensor_parallel
     scale = inputs.parameters / cost.parameters()  # a bare --parameters count on a reference shape
     local = cost.parameters(t) * scale  # parameters on one tensor-parallel rank
@@ -160,8 +163,11 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
     pipeline = None
     if pp > 1:  # each piece one sample: the smallest bubble the micro-batch allows
         schedule, per_rank = option.pipeline_schedule, option.pipeline_stages_per_rank
-        pipeline = pipeline_terms(cost, pp, schedule, per_rank, micro_batch, micro_batch, precision, t, sixteen_bit)
-        local = pipeline.layers * layer + root  # the largest stage: its blocks and (at most) every module outside
+        if stage_rank is None:
+            return worst_rank(lambda rank, ckpt: estimate(candidate, inputs, micro_batch, rank, ckpt), pp)
+        pipeline = pipeline_terms(cost, pp, schedule, per_rank, micro_batch, micro_batch, precision, t, sixteen_bit,
+                                  stage_rank)  # fmt: skip
+        local = pipeline.layers * layer + (root := pipeline.ends * scale)  # its blocks and its end, if any
     paper = zero_model_states(local, precision, option.stage, data_parallel, inputs.trained)
     apart = experts.not_gathered(cost, option, data_parallel) * scale  # expert parallel: experts a rank never gathers
     sizes = PlanSizes(local, layer - apart, root, precision, data_parallel, inputs.trained)
@@ -176,7 +182,7 @@ def estimate(candidate: Candidate, inputs: Inputs, micro_batch: int) -> Estimate
         pipeline.activations if pipeline else context.activations(cost, option, micro_batch, precision, t, sixteen_bit)
     )
     base = paper.total + sum(value for _, value in terms)
-    checkpointing = base + acts.peak > inputs.budget
+    checkpointing = checkpointed or base + acts.peak > inputs.budget
     total = base + (acts.checkpointed_peak if checkpointing else acts.peak)
     why_not = unavailable(candidate, inputs)
     fits = why_not is None and total <= inputs.budget
@@ -333,7 +339,7 @@ def choose(fitting: list[Estimate], devices: int) -> tuple[Estimate, Estimate]:
             return best, cheapest
     if cheapest.step_seconds is None:
         return cheapest, cheapest
-    if cheapest.pipeline is not None:  # the same layout under its quickest schedule (they hold the same)
+    if cheapest.pipeline is not None:  # the same layout under its quickest schedule that fits
         same = [e for e in tier if e.pipeline and e.candidate.option.layout() == cheapest.candidate.option.layout()]
         return quickest(same), cheapest
     rivals = [e for e in tier if (e.pipeline or e.candidate.option.expert_parallel > 1) and e.step_seconds is not None]

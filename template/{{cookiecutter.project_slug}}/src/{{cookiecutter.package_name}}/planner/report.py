@@ -12,7 +12,7 @@ from . import context
 from .measured import MeasuredCost
 from .options import PlanOption
 from .plan import Candidate, Inputs, Plan, device_word
-from .units import GB, GIB, count
+from .units import GB, GIB, count, size
 
 POWERS = {"GiB": "2^30", "MiB": "2^20", "KiB": "2^10", "B": "1"}
 
@@ -136,8 +136,9 @@ def render(result: Plan) -> str:
             option = e.candidate.option
             lines.append(
                 f"{e.candidate.name}: {pipeline.stages} stages ({option.pipeline_schedule}, {result.micro_batch or inputs.micro_batch}"
-                f" pieces), bubble {pipeline.bubble:.1%}, the first stage holds {pipeline.pieces_held:g} pieces of"
-                f" {pipeline.layers} blocks, sends {pipeline.p2p_elements:.3g} elements per micro-batch"
+                f" pieces), bubble {pipeline.bubble:.1%}, the first stage holds {pipeline.pieces_held:g} pieces;"
+                f" the worst is pipeline rank {pipeline.rank} ({pipeline.layers} blocks, {size(e.total)}), sends"
+                f" {pipeline.p2p_elements:.3g} elements per micro-batch"
             )
     lines.append("")
     if result.recommended is None:
@@ -194,6 +195,7 @@ def to_json(result: Plan) -> dict[str, Any]:
                     "bubble_fraction": e.pipeline.bubble,
                     "pieces_held_by_first_stage": e.pipeline.pieces_held,
                     "blocks_per_rank": e.pipeline.layers,
+                    "worst_rank": e.pipeline.rank,
                     "p2p_elements_per_micro_batch": e.pipeline.p2p_elements,
                 },
             }

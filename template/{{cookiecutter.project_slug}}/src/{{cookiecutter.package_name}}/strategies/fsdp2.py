@@ -23,7 +23,7 @@ from ..tasks.base import checked_model
 from .base import GpuRequirement, MakeOptimizer, TrainingStrategy, divisors, process_group_options
 from .context_parallel import check_context_parallel, split_sequences
 from .expert_checks import check_expert_parallel
-from .pipeline_checks import check_pipeline, pipeline_rehearsal_problem
+from .pipeline_checks import check_pipeline, pipeline_rehearsal_problem, stage_indices
 
 if TYPE_CHECKING:
     import torch
@@ -223,15 +223,14 @@ class FSDP2(TrainingStrategy):
         if option.pipeline_parallel > 1:
             # torch's pipeline stages keep each block gathered after its backward and accumulate its gradient
             # unsharded (in fp32 under bf16-mixed, fully_shard's reduce dtype) until the step's last piece, when the
-            # schedule reduces them: at the peak the stage holds all of its blocks so.
-            blocks = sizes.parameters - sizes.root
+            # schedule reduces them: at the peak the stage holds all of its blocks so, and its root's gradient too
+            # beside each piece's own (rehearsed: Llama-70B's embedding, 5.9 GiB on the first stage).
+            blocks, summed = sizes.parameters - sizes.root, 4 if sixteen_bit else weight
             return [
                 PlanTerm("the stage's blocks, gathered until the step's last backward", weight * blocks),
-                PlanTerm(
-                    "their unsharded gradients, summed over the pieces",
-                    (4 if sixteen_bit else weight) * blocks * sizes.trained,
-                ),
+                PlanTerm("their unsharded gradients, summed over the pieces", summed * blocks * sizes.trained),
                 root,
+                PlanTerm("the root's unsharded gradients", gradient * sizes.root * sizes.trained),
             ]
         return [
             PlanTerm("gathered layer, current and prefetched", 2 * weight * sizes.layer),
@@ -282,7 +281,7 @@ class FSDP2(TrainingStrategy):
     def build_model(self, fabric: Fabric, pretrained: bool = False) -> nn.Module:
         if self.pipeline_parallel_size == 1:
             return super().build_model(fabric, pretrained)
-        from .pipeline import PipelineRank, build_stages, stage_indices, stage_split
+        from .pipeline import PipelineRank, build_stages, stage_split
 
         options = self.options
         mesh = fabric.strategy.device_mesh  # type: ignore[attr-defined]

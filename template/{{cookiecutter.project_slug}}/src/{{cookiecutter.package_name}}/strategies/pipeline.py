@@ -25,7 +25,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from ..errors import RecipeError
-from .pipeline_checks import EXACT_STAGES_PER_RANK, V_SCHEDULES
+from .pipeline_checks import EXACT_STAGES_PER_RANK, V_SCHEDULES, balanced_split
 
 
 class StageBlocks(nn.ModuleList):
@@ -79,37 +79,6 @@ class PipelineRank(nn.Module):
 
     def forward(self, *args: Any) -> Any:
         raise RuntimeError("a pipeline-parallel model runs through its schedule (strategy.forward_backward)")
-
-
-def stage_indices(rank: int, size: int, per_rank: int, schedule: str = "1F1B") -> list[int]:
-    """The stages pipeline rank `rank` of `size` holds: rank, rank + size, ... (the interleaved schedules' loop),
-    or under a V schedule (two per rank) rank and 2 x size - 1 - rank."""
-    if schedule in V_SCHEDULES:
-        return [rank, 2 * size - 1 - rank]
-    return [rank + round_ * size for round_ in range(per_rank)]
-
-
-def balanced_split(block_parameters: Sequence[int], first: int, last: int, stages: int) -> list[int]:
-    """Blocks per stage (each >= 1, in order) that minimise the largest stage's parameters.
-
-    `first` and `last`: parameters outside the blocks that the first and the last stage hold (embeddings, head).
-    """
-    count = len(block_parameters)
-    prefix = [0]
-    for size in block_parameters:
-        prefix.append(prefix[-1] + size)
-    # best[s][i]: (largest stage, split) of the first i blocks over the first s stages.
-    best: dict[tuple[int, int], tuple[float, list[int]]] = {(0, 0): (0, [])}
-    for stage in range(1, stages + 1):
-        extra = (first if stage == 1 else 0) + (last if stage == stages else 0)
-        for end in range(stage, count - (stages - stage) + 1):
-            options = []
-            for start in range(stage - 1, end):
-                if (stage - 1, start) in best:
-                    largest, split = best[(stage - 1, start)]
-                    options.append((max(largest, prefix[end] - prefix[start] + extra), [*split, end - start]))
-            best[(stage, end)] = min(options, key=lambda option: option[0])
-    return best[(stages, count)][1]
 
 
 def block_ranges(split: Sequence[int]) -> list[range]:

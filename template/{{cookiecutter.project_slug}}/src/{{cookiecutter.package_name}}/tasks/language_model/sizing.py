@@ -100,6 +100,14 @@ class Shape:
     def layer_parameters(self, tensor_parallel: int = 1) -> int:
         return layer_parameters(self, tensor_parallel)
 
+    def pipeline_end_parameters(self, tensor_parallel: int = 1) -> tuple[int, int]:
+        """(before the blocks, after them): the embeddings on the first pipeline stage, the final norm and the head
+        on the last (neither split by tensor parallel)."""
+        before = self.vocab_size * self.n_embd + (self.sequence_length * self.n_embd if self.learned_positions else 0)
+        return before, count_parameters(self, tensor_parallel) - before - self.n_layer * self.layer_parameters(
+            tensor_parallel
+        )
+
     def expert_sizes(self) -> ExpertSizes | None:
         if not self.experts:
             return None
