@@ -85,6 +85,28 @@ for _ in range(2):
 print(preemption.received, len(caught), flush=True)
 """
 
+# A run's catcher closed while its deadline runs (as `train` in a process that goes on), then SIGTERM.
+HANDED_BACK = """
+import os, signal, threading, time
+from {{ cookiecutter.package_name }}.cluster.preemption import SIGNALS, Preemption
+print("ready", flush=True)
+before = {signum: signal.getsignal(signum) for signum in SIGNALS}
+preemption = Preemption(deadline_seconds=0.5)
+os.kill(os.getpid(), signal.SIGUSR1)
+while preemption._deadline is None:  # the thread read the signal: the deadline runs
+    time.sleep(0.01)
+preemption.close()
+handlers = all(signal.getsignal(signum) is before[signum] for signum in SIGNALS)
+print(handlers, signal.set_wakeup_fd(-1), flush=True)
+time.sleep(1.5)  # past the deadline
+for thread in threading.enumerate():
+    if thread.name == "stop-signals":
+        thread.join(timeout=10)
+print([thread.name for thread in threading.enumerate() if thread.name == "stop-signals"], flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(10)
+"""
+
 
 def start(code: str, *args: str, **env: str) -> subprocess.Popen:
     """Run `code` in a new Python process; return once it printed its first line."""
@@ -245,6 +267,15 @@ def test_only_the_process_that_becomes_rank_zero_takes_the_lock(
             assert lock_out_dir(tmp_path) is None, variables  # not rank 0: it neither takes nor checks the lock
     holder.kill()
     holder.wait(timeout=10)
+
+
+def test_a_closed_catcher_cancels_its_deadline_and_hands_the_signals_back_as_they_were() -> None:
+    """What `train` does when it ends in a process that goes on: no stop 0.5 s after the signal, the handlers and
+    wakeup fd from before, its thread ended; a SIGTERM then does what it did before the run (here: the default)."""
+    process = start(HANDED_BACK)
+    stdout, stderr = process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGTERM, stderr
+    assert stdout.splitlines() == ["True -1", "[]"], stderr
 
 
 def test_signals_to_a_handler_put_in_place_after_the_runs_are_left_to_it() -> None:

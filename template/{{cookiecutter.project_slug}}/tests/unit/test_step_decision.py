@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import RECIPES, executable
+from helpers import RECIPES, TOY_RECIPE, executable, fail_with
 
 from {{ cookiecutter.package_name }}.cluster.preemption import SIGNALS, Preemption
 from {{ cookiecutter.package_name }}.errors import ExitCode, RecipeError
@@ -94,6 +95,23 @@ def test_in_a_submitit_job_submitits_signal_stops_the_run_and_submitit_not_scont
     )
     assert not scontrol_calls.exists()
     preemption.reached_boundary()
+
+
+@pytest.mark.usefixtures("restore_signal_handlers", "toy_task_here")
+def test_a_train_in_this_process_hands_the_stop_signals_back_when_it_ends(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Else a SIGTERM that later code catches for itself (a command's cleanup of a partial output) still reaches the
+    run's thread, which may see the run's handler back by the time it reads it and end the process 60 s later."""
+    before = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    missing = ["--out_dir", str(tmp_path / "run"), "--checkpoint.resume", str(tmp_path / "none")]
+    assert "none" in fail_with(["train", "--config", str(TOY_RECIPE), *missing], capsys)
+    assert {signum: signal.getsignal(signum) for signum in SIGNALS} == before
+    assert signal.set_wakeup_fd(-1) == -1
+    listening = [thread for thread in threading.enumerate() if thread.name == "stop-signals"]
+    for thread in listening:
+        thread.join(timeout=10)
+    assert not any(thread.is_alive() for thread in listening)
 
 
 def test_the_step_decision_stops_or_skips_on_nan_and_inf_and_passes_finite_losses() -> None:

@@ -28,6 +28,10 @@ during a step stops the run at that step's boundary, not a step later.
 Blocking the signals in every thread and waiting for them with signal.sigwait would do it too, but the mask
 must be set before torch starts its threads, and every process started afterwards (Fabric's other ranks,
 data workers, scontrol) would inherit the signals blocked.
+A run in a process that goes on (a test, a notebook, `train` called in-process) hands the signals back when it
+ends (`close`, or `with Preemption() as preemption:`): the handlers and wakeup fd from before, the thread ended,
+no deadline pending. Else a later SIGTERM that other code catches for itself would still reach the thread, which
+could see this catcher's handler back in place by the time it reads the signal, and end the process 60 s later.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from types import FrameType
+from types import FrameType, TracebackType
 
 from ..checkpoint.lock import launched_rank
 from ..errors import ExitCode, TrainingStopped
@@ -49,6 +53,7 @@ SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 SUBMITIT_JOB = "SUBMITIT_EXECUTOR"  # set by submitit in the environment of its jobs' tasks (slurm or local)
 Handler = Callable[[int, FrameType | None], None]
 _wakeup: socket.socket | None = None  # the write end of the socket CPython writes the signals to
+_forks_held = False  # _hold_signals_across_forks registered (once per process)
 
 
 class Preempted(TrainingStopped):
@@ -74,9 +79,28 @@ class Preemption:
         self._deadline: threading.Timer | None = None
         self._at_boundary = False
         self._lock = threading.Lock()
+        self._hand_back: Callable[[], None] = lambda: None
         if threading.current_thread() is not threading.main_thread():
             return  # signals reach only the main thread: Ray Train trains in another one, and handles them itself
-        _listen_for(SIGNALS, self._catch, self._flag)
+        self._hand_back = _listen_for(SIGNALS, self._catch, self._flag)
+
+    def __enter__(self) -> Preemption:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """The run is over: no deadline, no hang watchdog, and the signals handled as before this catcher (its
+        thread ends). From the main thread; a signal after it is the process's business, not a run's."""
+        with self._lock:
+            self._at_boundary = True  # a signal the thread reads from here on starts no deadline
+            if self._deadline is not None:
+                self._deadline.cancel()
+        self.stop_watching()
+        self._hand_back()
 
     def _flag(self, signum: int, frame: FrameType | None) -> None:
         """The Python-level handler, on the main thread when it is between two bytecodes: the flag at once, so
@@ -160,21 +184,39 @@ def _requeue(why: str, rank: int, resumes_from: str) -> str:
     return f"{why}; requeued SLURM job {job}, it resumes from {resumes_from}"
 
 
-def _listen_for(signals: tuple[signal.Signals, ...], catch: Callable[[int], None], handler: Handler) -> None:
+def _listen_for(
+    signals: tuple[signal.Signals, ...], catch: Callable[[int], None], handler: Handler
+) -> Callable[[], None]:
     """Call `catch(signum)` from a daemon thread for each of `signals` this process receives, even while the main
     thread is blocked in C; `handler` is their Python-level handler. From the main thread, which alone may install
-    handlers (CPython writes a signal's number to the wakeup fd only when it has one)."""
-    global _wakeup
+    handlers (CPython writes a signal's number to the wakeup fd only when it has one). Returns what hands the
+    signals back: the handlers and wakeup fd from before, the thread ended."""
+    global _wakeup, _forks_held
     reader, writer = socket.socketpair()
     writer.setblocking(False)  # CPython requires it: its C handler must never block
-    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-    for signum in signals:
-        signal.signal(signum, handler)
+    earlier_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    earlier = {signum: signal.signal(signum, handler) for signum in signals}
     if _wakeup is not None:
+        if earlier_fd == _wakeup.fileno():
+            earlier_fd = -1  # closed below: nothing to hand back to
         _wakeup.close()  # an earlier catcher's thread reads the end of its socket and returns
-    else:
+    if not _forks_held:
         _hold_signals_across_forks(signals)
+        _forks_held = True
     _wakeup = writer
+
+    def hand_back() -> None:
+        global _wakeup
+        if _wakeup is not writer:
+            return  # a later catcher took the signals over (and closed this one's socket) or this ran already
+        for signum, before in earlier.items():
+            if signal.getsignal(signum) is handler:
+                signal.signal(signum, before)
+        current = signal.set_wakeup_fd(earlier_fd)
+        if current != writer.fileno():  # someone else's since: theirs stays
+            signal.set_wakeup_fd(current)
+        writer.close()  # the thread reads the end of the socket and returns
+        _wakeup = None
 
     def listen() -> None:
         while received := reader.recv(64):
@@ -186,6 +228,7 @@ def _listen_for(signals: tuple[signal.Signals, ...], catch: Callable[[int], None
         reader.close()
 
     threading.Thread(target=listen, name="stop-signals", daemon=True).start()
+    return hand_back
 
 
 def _hold_signals_across_forks(signals: tuple[signal.Signals, ...]) -> None:

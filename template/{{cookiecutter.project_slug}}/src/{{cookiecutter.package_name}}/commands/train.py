@@ -26,10 +26,11 @@ def run(argv: list[str], prog: str) -> None:
     from ..cluster.prestart import start_other_ranks, wait_for_release
 
     end_with_launcher()  # a rank started by another rank dies with it
-    preemption = Preemption()  # first: a stop signal during start-up ends the run as a preemption, not as killed
-    recipe = parse_recipe(argv, f"{prog} train")
-    start_other_ranks(recipe, argv)  # the node's other ranks import beside this one (cluster/prestart.py)
-    from ..training.loop import train_to_the_end  # imports torch: only when training
+    # First: a stop signal during start-up ends the run as a preemption, not as killed. Handed back at the end.
+    with Preemption() as preemption:
+        recipe = parse_recipe(argv, f"{prog} train")
+        start_other_ranks(recipe, argv)  # the node's other ranks import beside this one (cluster/prestart.py)
+        from ..training.loop import train_to_the_end  # imports torch: only when training
 
-    wait_for_release()  # a rank started early waits here for the first rank's launch
-    train_to_the_end(recipe, preemption)
+        wait_for_release()  # a rank started early waits here for the first rank's launch
+        train_to_the_end(recipe, preemption)

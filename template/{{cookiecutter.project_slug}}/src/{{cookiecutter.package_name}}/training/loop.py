@@ -43,11 +43,14 @@ from .step_decision import Update, decide, nonfinite_loss_stop
 def train(recipe: Recipe, preemption: Preemption | None = None) -> None:
     """Train the model the recipe describes; resumes when the recipe says so.
 
-    `preemption`: the stop-signal catcher, when the caller installed it earlier (a job's entry point); else one from here on.
+    `preemption`: the stop-signal catcher, when the caller installed it earlier (a job's entry point); else one from
+    here on, handed back when the run ends.
     """
     # SIGUSR1/SIGUSR2/SIGTERM: save at the next step boundary, requeue, exit. Caught before the set-up, so that
     # a signal during it (loading a checkpoint can take minutes) stops the run at its first step.
-    preemption = preemption or Preemption()
+    if preemption is None:
+        with Preemption() as own:
+            return train(recipe, own)
     preemption.deadline_seconds = recipe.checkpoint.stop_deadline_seconds
     run = setup(recipe)  # refuses a bad recipe, path or checkpoint before any process starts
     fabric, task, strategy, model, optimizer = run.fabric, run.task, run.strategy, run.model, run.optimizer
@@ -204,14 +207,14 @@ def validate(
 def main(argv: list[str] | None = None) -> None:
     """Script entry point for launchers: `train.py --config recipe.yaml [--key.sub value ...]`."""
     end_with_launcher()  # a rank started by another rank dies with it
-    preemption = Preemption()  # before anything else: a stop signal during start-up is a preemption
     arguments = sys.argv[1:] if argv is None else argv
+    with Preemption() as preemption:  # before anything else: a stop signal during start-up is a preemption
 
-    def parse_and_train() -> None:
-        refuse_dashed_options(arguments)
-        train_to_the_end(parse_recipe(arguments, "train.py"), preemption)
+        def parse_and_train() -> None:
+            refuse_dashed_options(arguments)
+            train_to_the_end(parse_recipe(arguments, "train.py"), preemption)
 
-    run_command(parse_and_train)
+        run_command(parse_and_train)
 
 
 if __name__ == "__main__":
