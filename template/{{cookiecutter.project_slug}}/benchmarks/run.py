@@ -18,11 +18,13 @@ median over repeats and the spread (min..max). The workers are the other files o
                       against the same folder read locally
     context_parallel.py  activations held for backward per rank and step time, cp=2 on 2 processes against
                       whole sequences on 1 (the same sequences)
+    moe.py            tokens/s through a mixture of experts' experts, grouped GEMM against a loop over experts
     goodput.py        a 2-process run SIGKILLed every ~25 s and resumed (relaunched; torchrun's elastic restarts)
                       against the same run without failures: goodput, kills, each start-up phase, redone steps
-The start-up and pipeline figures are measured here (the pipeline's: `train` under ddp and under a
-2-stage pipeline on the same global batch, each step's time as the run logs it, beside plan's bubble): command to first optimizer step against `import torch, lightning`,
-and the same on prepared corpora of 1, 4 and 16 GB (sparse shards: no disk used, nothing read at start).
+The start-up, pipeline and expert-parallel figures are measured here: command to first optimizer step against
+`import torch, lightning`, and the same on prepared corpora of 1, 4 and 16 GB (sparse shards: no disk used,
+nothing read at start); `train` under ddp and under a 2-stage pipeline on the same global batch, each step's time
+as the run logs it, beside plan's bubble; cpu-moe-debug at expert parallel 2 against 1, likewise.
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ FIGURES: list[tuple[str, str, tuple[str, float] | None]] = [
     ("pipeline_predicted_step_vs_ddp", "the same as plan's bubble predicts it: 1 / (1 - bubble)", None),
     ("pipeline_zbv_step_vs_ddp", "step time, ZB-V (4 stages in a V on 2 processes, 4 pieces) / ddp, same batch", None),
     ("pipeline_zbv_predicted_step_vs_ddp", "the same as plan's bubble predicts it: 1 / (1 - bubble)", None),
+    ("moe_ep2_step_vs_ep1", "step time, cpu-moe-debug at expert parallel 2 / 1, 2 processes, same batch", None),
+    ("moe_grouped_vs_loop", "tokens/s through the experts (fwd+bwd), grouped GEMM / loop over experts", (">=", 1.0)),
     ("cp2_held_vs_cp1", "activation bytes held for backward per rank, cp=2 (2 processes) / cp=1", ("<=", 0.55)),
     ("cp2_step_vs_cp1", "step time, cp=2 on 2 processes / cp=1 on 1, the same sequences", None),
     ("goodput_no_failures", "goodput (step time / wall time), 2 processes, no failures", None),
@@ -329,9 +333,9 @@ def early_ranks_figure(repeats: int) -> dict[str, Any]:
     return {**summary(ratios), "median_seconds": medians}
 
 
-def logged_step_seconds(out_dir: Path, *overrides: str) -> float:
-    """Median seconds per step that `train` (cpu-debug, 2 processes, CSV logs) logs after its first 2 steps."""
-    train = ["train", "--config", str(PROJECT / "recipes" / "cpu-debug.yaml"), "--out_dir", str(out_dir)]
+def logged_step_seconds(out_dir: Path, *overrides: str, recipe: str = "cpu-debug.yaml") -> float:
+    """Median seconds per step that `train` (`recipe`, 2 processes, CSV logs) logs after its first 2 steps."""
+    train = ["train", "--config", str(PROJECT / "recipes" / recipe), "--out_dir", str(out_dir)]
     train += ["--logger.name", "csv", "--logger.log_every_steps", "1", "--checkpoint.resume", "null"]
     train += ["--eval.every_steps", "0", "--checkpoint.save_every_steps", "0", *overrides]
     command = [sys.executable, "-m", PACKAGE, *train]
@@ -376,6 +380,36 @@ def pipeline_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any]]:
         figures[f"{name}_step_vs_ddp"] = {**summary(ratios), "seconds_per_step": measured, "bubble": bubble}
         figures[f"{name}_predicted_step_vs_ddp"] = {**summary([1 / (1 - bubble)]), "bubble": bubble}
     return figures
+
+
+def moe_figures(quick: bool, repeats: int) -> dict[str, dict[str, Any]]:
+    """cpu-moe-debug (4 experts, top-2, fsdp2 on 2 processes, the same global batch) with its experts split over the
+    2 ranks (tokens exchanged by all-to-all) against every rank holding all 4 (no all-to-all), alternating runs, each
+    step's time as the run logs it; and the experts' tokens/s by grouped GEMM against the loop (moe.py, 1 thread)."""
+    steps = ["--train.max_steps", "6" if quick else "20"]
+    layouts = {
+        "ep1": ["--strategy.fsdp2.expert_parallel_size", "1"],
+        "ep2": ["--strategy.fsdp2.expert_parallel_size", "2"],
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in layouts}
+    with tempfile.TemporaryDirectory(prefix="bench-moe-") as folder:
+        for repeat in range(repeats):
+            for name, overrides in layouts.items():
+                out_dir = Path(folder) / f"{name}-{repeat}"
+                seconds[name].append(logged_step_seconds(out_dir, *steps, *overrides, recipe="cpu-moe-debug.yaml"))
+    experts = run_worker("moe.py", "--repeats", str(repeats), *(["--quick"] if quick else []), threads=1)
+    through = experts["tokens_per_second"]
+    return {
+        "moe_ep2_step_vs_ep1": {
+            **summary([two / one for one, two in zip(seconds["ep1"], seconds["ep2"], strict=True)]),
+            "seconds_per_step": seconds,
+        },
+        "moe_grouped_vs_loop": {
+            **summary([g / loop for g, loop in zip(through["grouped"], through["loop"], strict=True)]),
+            "tokens_per_second": through,
+            "shape": experts["shape"],
+        },
+    }
 
 
 def sparse_corpus(folder: Path, small: Path, total_bytes: int, shard_bytes: int) -> None:
@@ -551,6 +585,7 @@ def main() -> None:
         ("training defaults", lambda: figures.update(training_default_figures(args.quick, repeats))),
         ("shard cache", lambda: figures.update(shard_cache_figures(args.quick, repeats))),
         ("pipeline", lambda: figures.update(pipeline_figures(args.quick, repeats))),
+        ("moe", lambda: figures.update(moe_figures(args.quick, repeats))),
         ("context parallel", lambda: figures.update(context_parallel_figures(args.quick, repeats))),
         ("goodput", lambda: figures.update(goodput_figures(args.quick, repeats))),
     ]

@@ -43,6 +43,8 @@ KEYS = {
     "goodput_no_failures",
     "goodput_with_failures",
     "goodput_failures_vs_none",
+    "moe_ep2_step_vs_ep1",
+    "moe_grouped_vs_loop",
     "cp2_held_vs_cp1",
     "cp2_step_vs_cp1",
 }
@@ -96,3 +98,12 @@ def test_checkpoint_io_benchmark_reports_save_load_disk_speed_and_memory_copy(tm
     assert re.search(r"sync save\s+[\d.]+ s = \d+ MiB/s = [\d.]+x disk", out), out
     assert re.search(r"loop blocked\s+[\d.]+ s = [\d.]+x sync save = [\d.]+x memory copy", out), out
     assert (tmp_path / "checkpoints" / "step-00000002" / "meta.json").is_file()  # --dir keeps what it wrote
+
+
+def test_moe_benchmark_times_grouped_gemm_and_the_loop_on_the_same_skewed_rows(tmp_path: Path) -> None:
+    run_benchmark("moe.py", "--quick", "--json", str(tmp_path / "moe.json"))
+    result = json.loads((tmp_path / "moe.json").read_text())
+    assert result["tokens_per_second"].keys() == {"grouped", "loop"}
+    assert all(len(values) == 1 and values[0] > 0 for values in result["tokens_per_second"].values()), result
+    shape = result["shape"]  # skewed: the busiest expert takes more than an even share of the rows
+    assert 1 / shape["experts"] < shape["largest_expert_share"] < 1, shape
