@@ -138,7 +138,7 @@ def planned(recipe: Recipe, device: Device, pipeline_rank: int | None = None) ->
     size formulas or a plan option for the recipe's layout; under a pipeline, of its worst rank or of the ranks of
     pipeline rank `pipeline_rank`."""
     from ..planner.context import context_collectives, recipe_option
-    from ..planner.experts import expert_collectives, expert_units
+    from ..planner.experts import expert_collectives, expert_units, replicated_expert_units
     from ..planner.hardware import INTERCONNECTS
     from ..planner.plan import Candidate, estimate, plan_inputs
     from ..precision import torch_model_states
@@ -166,9 +166,10 @@ def planned(recipe: Recipe, device: Device, pipeline_rank: int | None = None) ->
             collectives[name] = collectives.get(name, 0) + count
         per_block = cost.tensor_parallel_all_reduces(True) - plain
         tensor_parallel = (cost.n_layer * plain + recomputed * per_block) * micro_batches
-        # the step decision's one fused all_reduce, and tensor parallel's
+        # the step decision's one fused all_reduce, tensor parallel's, and hsdp's of experts held whole in a node
+        replicated = replicated_expert_units(cost, option, shares.data_parallel)
         collectives["allreduce"] = (
-            collectives.get("allreduce", 0) + 1 + (tensor_parallel if option.tensor_parallel > 1 else 0)
+            collectives.get("allreduce", 0) + 1 + (tensor_parallel if option.tensor_parallel > 1 else 0) + replicated
         )
     return {
         "parameters_bytes": states.parameters,

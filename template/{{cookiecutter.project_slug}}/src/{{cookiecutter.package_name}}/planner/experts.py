@@ -136,3 +136,12 @@ def expert_units(cost: ModelCost, option: PlanOption, data_parallel: int) -> int
     """Layers whose experts the runtime shards as units of their own: those of an expert-parallel option whose degree
     is fewer than the data-parallel ranks (held whole otherwise)."""
     return expert_layers(cost) if 1 < option.expert_parallel < data_parallel else 0
+
+
+def replicated_expert_units(cost: ModelCost, option: PlanOption, data_parallel: int) -> int:
+    """Under hsdp, the expert units all-reduced across the replica groups beyond `expert_units`: the experts are a
+    unit of their own at any degree (fully_shard.py's shard_experts), so held whole in a node (the degree is all its
+    `data_parallel` ranks) they gather and reduce-scatter nothing but are still all-reduced with their replicas."""
+    if not option.hybrid or option.expert_parallel == 1:
+        return 0
+    return expert_layers(cost) - expert_units(cost, option, data_parallel)

@@ -1,9 +1,10 @@
 """The rules strategy.fsdp2.expert_parallel_size must follow; no torch.
 
 Expert parallelism splits each mixture-of-experts layer's experts over groups of data-parallel ranks (fully_shard.py
-builds the mesh): the degree divides the data-parallel ranks and the experts, and composes with fsdp2's sharding
-only (tensor parallel, pipeline stages, context parallel and hsdp's replicas keep the experts whole). Checked before any process
-starts, each refusal one line naming the field and what is allowed.
+builds the mesh): the degree divides the data-parallel ranks (under hsdp those of a replica group, a node: the
+all-to-alls stay inside it) and the experts, and composes with fsdp2's and hsdp's sharding (tensor parallel,
+pipeline stages and context parallel keep the experts whole). Checked before any process starts, each refusal one
+line naming the field and what is allowed.
 """
 
 from __future__ import annotations
@@ -34,16 +35,13 @@ def check_expert_parallel(strategy: Any) -> None:
             raise RecipeError(
                 f"{field} does not compose with {field_path(Fsdp2Options, name)}={other} yet (set one of them to 1)"
             )
-    if strategy.hybrid:
-        raise RecipeError(
-            f"{field} does not compose with strategy.name={strategy.name} yet (choose fsdp2, or set it to 1)"
-        )
     data_parallel = strategy.data_parallel_size()
+    ranks = "data-parallel ranks (devices x num_nodes"
+    if strategy.hybrid:  # the experts are split inside a replica group, a node
+        data_parallel //= strategy.recipe.num_nodes
+        ranks = f"ranks of a node (strategy.name={strategy.name} replicates the experts across nodes"
     if data_parallel % size:
-        raise RecipeError(
-            f"{field} does not divide the {data_parallel} data-parallel ranks (devices x num_nodes; choose"
-            f" {divisors(data_parallel)})"
-        )
+        raise RecipeError(f"{field} does not divide the {data_parallel} {ranks}; choose {divisors(data_parallel)})")
     for key, value in dimensions.items():
         if value % size:
             raise RecipeError(

@@ -190,22 +190,27 @@ def shard_model(
 
 
 def shard_experts(model: Any, data_mesh: DeviceMesh, degree: int, **sharding: Any) -> None:
-    """Expert parallelism over the 1-D `data_mesh` as (expert_shard, expert): each group of `degree` neighbouring
-    ranks splits every mixture-of-experts layer's experts by expert (the layer's `parallelize_experts`), and the
-    ranks holding the same experts shard them further with fully_shard (torchtitan's dp_shard_in_ep). The blocks'
-    fully_shard then leaves the experts to theirs."""
+    """Expert parallelism over the data-parallel ranks as (replicate, expert_shard, expert): each group of `degree`
+    neighbouring ranks splits every mixture-of-experts layer's experts by expert (the layer's `parallelize_experts`),
+    and the ranks holding the same experts shard them further with fully_shard (torchtitan's dp_shard_in_ep). Under
+    hsdp (`data_mesh` 2-D, (replicate, shard)) the groups lie inside a replica group, a node, so the all-to-alls stay
+    on its links, and the experts are replicated across the replica groups as every other parameter (fully_shard on
+    (replicate, expert_shard)). The blocks' fully_shard then leaves the experts to theirs."""
     ranks = data_mesh.size()
-    mesh = init_device_mesh(data_mesh.device_type, (ranks // degree, degree), mesh_dim_names=("expert_shard", "expert"))
+    replicas = data_mesh.size(0) if data_mesh.ndim == 2 else 1
+    dims = {"replicate": replicas, "expert_shard": ranks // replicas // degree, "expert": degree}
+    mesh = init_device_mesh(data_mesh.device_type, tuple(dims.values()), mesh_dim_names=tuple(dims))
+    holders = mesh["replicate", "expert_shard"] if replicas > 1 else mesh["expert_shard"]
     for module in list(model.modules()):
         if callable(parallelize_experts := getattr(module, "parallelize_experts", None)):
-            experts = fully_shard(parallelize_experts(mesh["expert"]), mesh=mesh["expert_shard"], **sharding)
-            # A local expert's gradient already sums every rank's tokens (the all-to-all brought them): summed over
+            experts = fully_shard(parallelize_experts(mesh["expert"]), mesh=holders, **sharding)
+            # A local expert's gradient already sums its group's tokens (the all-to-all brought them): summed over
             # the ranks holding the same experts and divided by all the data-parallel ranks, it is the mean
-            # fully_shard makes of the other parameters' gradients. Over several ranks a sum then a division, not
-            # NCCL's PREMUL_SUM, which gloo lacks; alone (degree = all ranks) fully_shard divides once by itself and
-            # the forced sum would divide again.
+            # fully_shard makes of the other parameters' gradients. A reduce-scatter over several ranks sums, then
+            # divides (NCCL's PREMUL_SUM, the default for a divide factor, is not in gloo); with none to shard with
+            # (expert_shard of 1) fully_shard divides as it copies, and a forced sum would divide a second time.
             experts.set_gradient_divide_factor(float(ranks))
-            experts.set_force_sum_reduction_for_comms(ranks > degree)
+            experts.set_force_sum_reduction_for_comms(dims["expert_shard"] > 1)
 
 
 def materialize(model: Any, device_type: str) -> None:

@@ -1,5 +1,6 @@
 """Expert parallelism (strategy.fsdp2.expert_parallel_size): the order the all-to-all's rows are computed in, the
-degrees refused, the losses and weights of ep=1 at ep=2 (2 processes), a checkpoint resumed across degrees."""
+degrees refused, the losses and weights of ep=1 at ep=2 (2 processes; under hsdp, 2 nodes of 2), a checkpoint
+resumed across degrees."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import RECIPES, final_weights, losses_by_run, run_cli
+from helpers import RECIPES, final_weights, losses_by_run, run_cli, run_nodes
 
 from {{ cookiecutter.package_name }}.errors import RecipeError
 from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
@@ -57,6 +58,12 @@ def test_experts_that_receive_no_rows_return_none_and_a_zero_gradient() -> None:
             "strategy.fsdp2.expert_parallel_size=2: task=language_model's model has no experts to split (set it to 1)",
         ),
         (RECIPE, [EP, "0"], "strategy.fsdp2.expert_parallel_size=0 must be >= 1"),
+        (
+            RECIPE,
+            [EP, "4", "--strategy.name", "hsdp", "--num_nodes", "2"],
+            "strategy.fsdp2.expert_parallel_size=4 does not divide the 2 ranks of a node (strategy.name=hsdp"
+            " replicates the experts across nodes; choose 1 or 2)",
+        ),
     ],
 )
 def test_degrees_the_model_or_the_mesh_cannot_hold_are_refused_in_one_line(
@@ -88,6 +95,23 @@ def test_two_expert_parallel_ranks_give_the_losses_and_weights_of_one(tmp_path: 
     weights, expected = final_weights(runs[2], 3), final_weights(runs[1], 3)
     assert weights.keys() == expected.keys()  # every expert under its global name, whole
     assert weights["blocks.0.mlp.experts.gate"].shape == expected["blocks.0.mlp.experts.gate"].shape == (4, 128, 128)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_under_hsdp_experts_split_inside_each_node_give_the_losses_and_weights_of_hsdp_alone(tmp_path: Path) -> None:
+    """2 nodes of 2 processes: each node's 2 ranks split the experts (the all-to-alls stay inside it), and the nodes
+    replicate them, as hsdp replicates every other parameter."""
+    runs = {degree: tmp_path / f"ep{degree}" for degree in (1, 2)}
+    for degree, out_dir in runs.items():
+        run_nodes([*args(out_dir, degree, 3), "--strategy.name", "hsdp", "--num_nodes", "2"], nodes=2)
+    (alone,), (split,) = losses_by_run(runs[1]), losses_by_run(runs[2])
+    assert alone.keys() == split.keys() == {1, 2, 3}
+    assert all(abs(alone[step] - split[step]) < 1e-5 for step in alone), (alone, split)
+    weights, expected = final_weights(runs[2], 3), final_weights(runs[1], 3)
+    assert weights.keys() == expected.keys()
+    assert weights["blocks.0.mlp.experts.down"].shape == expected["blocks.0.mlp.experts.down"].shape == (4, 128, 128)
     for name, tensor in expected.items():
         torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-5)
 

@@ -17,9 +17,9 @@ from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 PEAK_WITHIN = 0.10  # the rehearsed peak against plan's (docs/strategies.md: what neither counts)
 
 
-def rehearsed(recipe: str, ranks: list[int]) -> dict:
+def rehearsed(recipe: str, ranks: list[int], *overrides: str) -> dict:
     """The recipe's chosen ranks rehearsed, as JSON."""
-    result = run_cli("rehearse", recipe, "--ranks", ",".join(map(str, ranks)), "--json")
+    result = run_cli("rehearse", recipe, *overrides, "--ranks", ",".join(map(str, ranks)), "--json")
     assert result.returncode == 0, result.stderr
     rehearsal = json.loads(result.stdout)
     assert [rank["rank"] for rank in rehearsal["ranks"]] == ranks
@@ -142,3 +142,17 @@ def test_a_mixture_of_experts_under_expert_parallel_rehearses_with_balanced_rout
     assert rank["collectives"]["alltoall"] == model.n_layer * micro_batches
     assert rank["collectives"]["all_to_all_single"] == 4 * model.n_layer * micro_batches
     assert rank["collective_bytes"]["all_to_all_single"] == 4 * model.n_layer * micro_batches * rows * model.n_embd * 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "devices", [2, pytest.param(4, marks=pytest.mark.matrix)]
+)  # a node's ranks hold the experts whole (2) or shard them too (4)
+def test_under_hsdp_each_layers_experts_are_all_reduced_across_the_nodes_as_plan_counts(devices: int) -> None:
+    hsdp = ["--strategy.name", "hsdp", "--num_nodes", "2", "--devices", str(devices)]
+    recipe = parse_recipe(["--config", str(RECIPES / "cpu-moe-debug.yaml"), *hsdp])
+    rehearsal = rehearsed("cpu-moe-debug", [0], *hsdp)
+    assert rehearsal["world_size"] == 2 * devices
+    assert_as_planned(rehearsal)
+    # Each block's and each layer's experts' shards, and the root's, across the 2 replicas; the step decision's.
+    assert rehearsal["ranks"][0]["collectives"]["allreduce"] == 2 * recipe.model.n_layer + 2
