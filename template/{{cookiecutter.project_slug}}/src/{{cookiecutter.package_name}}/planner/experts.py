@@ -56,9 +56,10 @@ def with_degrees(candidates: tuple[Candidate, ...], inputs: Inputs) -> list[Cand
     offered = []
     for candidate in candidates:
         offered.append(candidate)
-        if sizes is None or not candidate.option.splits_experts:
+        if sizes is None or not candidate.option.splits_experts or (candidate.option.hybrid and inputs.num_nodes == 1):
             continue
-        for degree in degrees(sizes.experts, inputs.world_size // candidate.tensor_parallel):
+        ranks = inputs.devices if candidate.option.hybrid else inputs.world_size  # hsdp: split inside a node
+        for degree in degrees(sizes.experts, ranks // candidate.tensor_parallel):
             name = f"{candidate.name}_ep{degree}"
             option = dataclasses.replace(candidate.option, name=name, expert_parallel=degree, why=WHY)
             offered.append(Candidate(candidate.strategy, option))

@@ -163,7 +163,7 @@ class FSDP2(TrainingStrategy):
             stage=3,
             why=f"the parameters must be sharded too (1.5x ddp's communication); {self.name} is the default for that",
             comm_vs_ddp=1.5,
-            splits_experts=True,  # expert_checks.py: without tensor or pipeline parallel (hsdp: not offered yet)
+            splits_experts=True,  # expert_checks.py: without tensor or pipeline parallel
             **BF16_POLICY,
         )
         # Blocks split into stages across nodes (activations cross the slow links, not parameters), each stage
@@ -394,6 +394,7 @@ class HSDP(FSDP2):
                 why="sharding inside a node is enough, so only 1/{devices} of the gradients crosses the links between nodes",
                 comm_vs_ddp=1.5,
                 hybrid=True,
+                splits_experts=True,  # inside a node (expert_checks.py)
                 **BF16_POLICY,
             )
         ]

@@ -110,7 +110,9 @@ def test_plan_recommends_the_quickest_degree_and_says_why(capsys: pytest.Capture
     """On a node of 8 H100s fsdp2 is the cheapest that fits without checkpointing, and gathering all 64 experts of
     each layer is slower than exchanging the routed rows: its quickest degree, all 8 GPUs, is taken. On 4 nodes the
     cheapest is zero2 (less volume than sharding), and a degree whose bound is less than half of its is taken
-    instead, as a pipeline would be: all 32 ranks hold their experts whole and gather none."""
+    instead, as a pipeline would be: hsdp_ep8, each node's 8 GPUs holding 1/8 of the experts, the rows crossing by
+    all-to-all on the node's links, the nodes replicating the experts; fsdp2_ep32's ranks hold theirs whole and
+    gather none, but its rows cross the network."""
     result = plan_json(capsys, *LARGE_MOE, "--devices", "8")
     steps = {o["strategy"]: o["step_time_lower_bound_s"] for o in result["options"] if o["fits"]}
     degrees = {name: seconds for name, seconds in steps.items() if name.startswith("fsdp2_ep")}
@@ -120,8 +122,10 @@ def test_plan_recommends_the_quickest_degree_and_says_why(capsys: pytest.Capture
     assert "for fsdp2, the cheapest that fits" in result["reason"] and "all-to-all" in result["reason"]
     nodes = plan_json(capsys, *LARGE_MOE, "--devices", "8", "--num_nodes", "4")
     steps = {o["strategy"]: o["step_time_lower_bound_s"] for o in nodes["options"]}
-    assert nodes["recommended"]["strategy"] == "fsdp2_ep32" and "for zero2, the cheapest that fits" in nodes["reason"]
-    assert 2 * steps["fsdp2_ep32"] <= steps["zero2"]
+    assert nodes["recommended"]["strategy"] == "hsdp_ep8" and "for zero2, the cheapest that fits" in nodes["reason"]
+    assert nodes["recommended"]["expert_parallel_size"] == 8
+    assert 2 * steps["hsdp_ep8"] <= steps["zero2"] and steps["hsdp_ep8"] < steps["fsdp2_ep32"]
+    assert [name for name in steps if name.startswith("hsdp_ep")] == ["hsdp_ep2", "hsdp_ep4", "hsdp_ep8"]  # in a node
 
 
 def large_plan(*args: str) -> Plan:
