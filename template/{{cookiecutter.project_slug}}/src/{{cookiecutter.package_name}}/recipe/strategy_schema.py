@@ -38,7 +38,8 @@ class Fsdp2Options:
             parameter count.
         context_parallel_size: Ranks that split every sequence of their shared samples (context parallel): each
             holds 2 of 2 x cp load-balanced chunks and attends over the keys and values gathered from the others.
-            Divides the data-parallel ranks; 2 x cp divides the sequence length. 1 turns it off.
+            Divides the data-parallel ranks (hsdp: cp x tensor_parallel_size divides devices, a group inside a
+            node); 2 x cp divides the sequence length. 1 turns it off.
         expert_parallel_size: Data-parallel ranks that split each mixture-of-experts layer's experts between them
             (each holds num_experts / ep; tokens reach their experts by all-to-all), sharded further over the ranks
             holding the same ones. Divides the data-parallel size (hsdp: the ranks of a node) and the model's

@@ -37,12 +37,18 @@ def check_context_parallel(strategy: Any) -> None:
     recipe, options = strategy.recipe, strategy.options
     size = options.context_parallel_size
     field = f"{field_path(Fsdp2Options, 'context_parallel_size')}={size}"
-    if options.pipeline_parallel_size > 1 or strategy.hybrid:
+    if options.pipeline_parallel_size > 1:
         pipeline = f"{field_path(Fsdp2Options, 'pipeline_parallel_size')} > 1"
-        other = (
-            pipeline if options.pipeline_parallel_size > 1 else f"{field_path(StrategyConfig, 'name')}={strategy.name}"
+        raise RecipeError(
+            f"{field} does not compose with {pipeline} here (set it to 1, or use fsdp2 without a pipeline)"
         )
-        raise RecipeError(f"{field} does not compose with {other} here (set it to 1, or use fsdp2 without a pipeline)")
+    group = size * options.tensor_parallel_size
+    if strategy.hybrid and recipe.devices % group:  # hsdp shards inside a node: a group must not span two
+        raise RecipeError(
+            f"{field}: under {field_path(StrategyConfig, 'name')}={strategy.name} a context-parallel group (with its"
+            f" tensor-parallel ranks, {group}) lies inside a node: choose a size that divides devices={recipe.devices}"
+            f" / tensor_parallel_size={options.tensor_parallel_size}"
+        )
     others = recipe.world_size // options.tensor_parallel_size
     if others % size:
         raise RecipeError(

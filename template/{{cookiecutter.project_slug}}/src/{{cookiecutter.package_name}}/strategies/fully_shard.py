@@ -118,9 +118,20 @@ def sharding_meshes(device_mesh: DeviceMesh, replicas: int) -> tuple[DeviceMesh,
     """The (data-parallel, tensor-parallel) meshes: 1-D data parallel, or 2-D (replicate, shard) for hsdp with
     `replicas` replica groups (one per node, or under pipeline parallel one per node of the nodes a stage spans)."""
     if "context_parallel" in (device_mesh.mesh_dim_names or ()):
-        # Parameters are sharded, and gradients averaged, over data x context ranks: every rank holds a shard.
-        data_context = device_mesh["data_parallel", "context_parallel"]._flatten("data_context_parallel")
-        return data_context, device_mesh["tensor_parallel"]
+        # Parameters are sharded, and gradients averaged, over data x context ranks: every rank holds a shard; under
+        # hsdp over those of its node, replicated across the nodes (the same rank order, data_parallel split in two).
+        if replicas == 1:
+            data_context = device_mesh["data_parallel", "context_parallel"]._flatten("data_context_parallel")
+            return data_context, device_mesh["tensor_parallel"]
+        dims = {
+            "replicate": replicas,
+            "shard": device_mesh["data_parallel"].size() // replicas,
+            "context_parallel": device_mesh["context_parallel"].size(),
+            "tensor_parallel": device_mesh["tensor_parallel"].size(),
+        }
+        mesh = init_device_mesh(device_mesh.device_type, tuple(dims.values()), mesh_dim_names=tuple(dims))
+        mesh["shard", "context_parallel"]._flatten("shard_context_parallel")
+        return mesh["replicate", "shard_context_parallel"], mesh["tensor_parallel"]
     if replicas == 1:
         return device_mesh["data_parallel"], device_mesh["tensor_parallel"]
     # Same rank order as Fabric's (data_parallel, tensor_parallel) mesh, or ours with the pipeline outermost, with

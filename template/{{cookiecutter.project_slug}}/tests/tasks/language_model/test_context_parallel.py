@@ -4,6 +4,7 @@ one process does."""
 
 from __future__ import annotations
 
+import json
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from helpers import (
     losses_by_run,
     read_csv_metrics,
     run_cli,
+    run_nodes,
     train_losses,
 )
 
@@ -104,6 +106,11 @@ def test_mfu_under_context_parallel_counts_attention_at_the_full_sequence_length
         (["--strategy.fsdp2.context_parallel_size", "3"], "context_parallel_size=3 does not divide the 2 data"),
         (["--model.block_size", "66"], "sequence length 66 does not divide into 2 x 2 equal chunks (choose 1)"),
         (["--strategy.fsdp2.pipeline_parallel_size", "2"], "compose with strategy.fsdp2.pipeline_parallel_size"),
+        (
+            ["--strategy.name", "hsdp", "--num_nodes", "2", "--strategy.fsdp2.context_parallel_size", "4"],
+            "context_parallel_size=4: under strategy.name=hsdp a context-parallel group (with its tensor-parallel ranks,"
+            " 4) lies inside a node: choose a size that divides devices=2 / tensor_parallel_size=1",
+        ),
         (["--strategy.fsdp2.context_parallel_size", "0"], "context_parallel_size"),
     ],
 )
@@ -193,3 +200,29 @@ def test_context_parallel_x_fsdp2_over_4_processes_trains_as_fsdp2_alone_on_whol
     losses = {name: train_losses(tmp_path / name) for name in runs}
     assert sorted(losses["dp"]) == [1, 2, 3, 4]
     assert_same_losses(losses["cp"], losses["dp"], tolerance=1e-5)
+
+
+@pytest.mark.slow
+def test_context_parallel_under_hsdp_trains_as_hsdp_alone_on_whole_sequences(tmp_path: Path) -> None:
+    """2 nodes: each node's 2 processes split the sequences of the node's samples (the group inside the node), the
+    shards replicated across the nodes; against 2 nodes of 1 process on whole sequences (the same 2 data-parallel
+    ranks, one a node, so the same samples)."""
+    shared = [
+        "train", "--config", str(CP_RECIPE), *TINY, "--model.n_kv_head", "1", "--train.max_steps", "4",
+        "--eval.every_steps", "0", "--checkpoint.save_every_steps", "0", "--checkpoint.resume", "null",
+        "--logger.name", "csv", "--strategy.name", "hsdp", "--num_nodes", "2",
+    ]  # fmt: skip
+    whole = ["--devices", "1", "--strategy.fsdp2.context_parallel_size", "1"]
+    runs = {"cp": ["--out_dir", str(tmp_path / "cp")], "whole": ["--out_dir", str(tmp_path / "whole"), *whole]}
+    for overrides in runs.values():
+        run_nodes([*shared, *overrides], nodes=2)
+    losses = {name: train_losses(tmp_path / name) for name in runs}
+    assert sorted(losses["whole"]) == [1, 2, 3, 4]
+    assert_same_losses(losses["cp"], losses["whole"], tolerance=1e-5)
+    # The states sharded over a node's 2 ranks and all-reduced across the nodes, as plan says hsdp holds them.
+    rehearsal = run_cli("rehearse", "cpu-cp-debug", "--strategy.name", "hsdp", "--num_nodes", "2", "--json")
+    assert rehearsal.returncode == 0, rehearsal.stderr[-3000:]
+    result = json.loads(rehearsal.stdout)
+    plan, rank = result["plan"], result["ranks"][0]
+    assert all(rank[held] == plan[held] for held in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"))
+    assert rank["collectives"]["allreduce"] == plan["collectives"]["allreduce"] > 1  # more than the step decision's
