@@ -1,9 +1,9 @@
 """The rules strategy.fsdp2.expert_parallel_size must follow; no torch.
 
 Expert parallelism splits each mixture-of-experts layer's experts over groups of data-parallel ranks (fully_shard.py
-builds the mesh): the degree divides the data-parallel ranks (under hsdp those of a replica group, a node: the
-all-to-alls stay inside it) and the experts, and composes with fsdp2's and hsdp's sharding (tensor parallel,
-pipeline stages and context parallel keep the experts whole). Checked before any process starts, each refusal one
+builds the mesh): the degree divides the data-parallel ranks (with context parallel, the data x context ranks; under
+hsdp those of a replica group, a node: the all-to-alls stay inside it) and the experts, and composes with fsdp2's
+and hsdp's sharding and with context parallel (tensor parallel and pipeline stages keep the experts whole). Checked before any process starts, each refusal one
 line naming the field and what is allowed.
 """
 
@@ -30,13 +30,17 @@ def check_expert_parallel(strategy: Any) -> None:
     dimensions: dict[str, int] = strategy.task.expert_parallel_dimensions()
     if not dimensions:
         raise RecipeError(f"{field}: task={strategy.recipe.task}'s model has no experts to split (set it to 1)")
-    for name in ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size"):
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
         if (other := getattr(options, name)) > 1:
             raise RecipeError(
                 f"{field} does not compose with {field_path(Fsdp2Options, name)}={other} yet (set one of them to 1)"
             )
-    data_parallel = strategy.data_parallel_size()
+    # Under context parallel the ranks of a group hold different tokens of the same samples: the experts are split
+    # over the data x context ranks (those fully_shard shards over), the group's tokens among them.
+    data_parallel = strategy.data_parallel_size() * options.context_parallel_size
     ranks = "data-parallel ranks (devices x num_nodes"
+    if options.context_parallel_size > 1:
+        ranks = "data x context-parallel ranks (devices x num_nodes"
     if strategy.hybrid:  # the experts are split inside a replica group, a node
         data_parallel //= strategy.recipe.num_nodes
         ranks = f"ranks of a node (strategy.name={strategy.name} replicates the experts across nodes"

@@ -60,6 +60,12 @@ def test_experts_that_receive_no_rows_return_none_and_a_zero_gradient() -> None:
         (RECIPE, [EP, "0"], "strategy.fsdp2.expert_parallel_size=0 must be >= 1"),
         (
             RECIPE,
+            [EP, "4", "--strategy.fsdp2.context_parallel_size", "2"],
+            "strategy.fsdp2.expert_parallel_size=4 does not divide the 2 data x context-parallel ranks (devices x"
+            " num_nodes; choose 1 or 2)",
+        ),
+        (
+            RECIPE,
             [EP, "4", "--strategy.name", "hsdp", "--num_nodes", "2"],
             "strategy.fsdp2.expert_parallel_size=4 does not divide the 2 ranks of a node (strategy.name=hsdp"
             " replicates the experts across nodes; choose 1 or 2)",
@@ -112,6 +118,26 @@ def test_under_hsdp_experts_split_inside_each_node_give_the_losses_and_weights_o
     weights, expected = final_weights(runs[2], 3), final_weights(runs[1], 3)
     assert weights.keys() == expected.keys()
     assert weights["blocks.0.mlp.experts.down"].shape == expected["blocks.0.mlp.experts.down"].shape == (4, 128, 128)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_experts_split_over_a_context_parallel_group_train_as_one_process_on_whole_sequences(tmp_path: Path) -> None:
+    """cp=2 x ep=2 on 2 processes: each holds half of every sequence of the same samples and half of the experts,
+    which the halves' tokens reach by all-to-all; against 1 process with all of both. Dropless and without the
+    auxiliary loss, which (as with data parallel) each rank computes over its own tokens."""
+    same = ["--model.moe.load_balance", "none", "--model.moe.capacity_factor", "null"]
+    runs = {"split": tmp_path / "split", "whole": tmp_path / "whole"}
+    layouts = {"split": ["--strategy.fsdp2.context_parallel_size", "2"], "whole": ["--devices", "1"]}
+    for name, out_dir in runs.items():
+        result = run_cli(*args(out_dir, 2 if name == "split" else 1, 3), *same, *layouts[name])
+        assert result.returncode == 0, result.stderr[-3000:]
+    (whole,), (split,) = losses_by_run(runs["whole"]), losses_by_run(runs["split"])
+    assert whole.keys() == split.keys() == {1, 2, 3}
+    assert all(abs(whole[step] - split[step]) < 1e-5 for step in whole), (whole, split)
+    weights, expected = final_weights(runs["split"], 3), final_weights(runs["whole"], 3)
+    assert weights.keys() == expected.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-5)
 
