@@ -42,8 +42,8 @@ class Fsdp2Options:
             node); 2 x cp divides the sequence length. 1 turns it off.
         expert_parallel_size: Data-parallel ranks that split each mixture-of-experts layer's experts between them
             (each holds num_experts / ep; tokens reach their experts by all-to-all), sharded further over the ranks
-            holding the same ones. Divides the data-parallel size (hsdp: the ranks of a node) and the model's
-            experts; 1 turns it off.
+            holding the same ones. Divides the data-parallel size (with context parallel: the data x context
+            ranks; hsdp: the ranks of a node) and the model's experts; 1 turns it off.
     """
 
     tensor_parallel_size: int = field(default=1, metadata=bounds(at_least=1))
