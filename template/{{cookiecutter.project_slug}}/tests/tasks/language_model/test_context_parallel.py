@@ -226,3 +226,28 @@ def test_context_parallel_under_hsdp_trains_as_hsdp_alone_on_whole_sequences(tmp
     plan, rank = result["plan"], result["ranks"][0]
     assert all(rank[held] == plan[held] for held in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"))
     assert rank["collectives"]["allreduce"] == plan["collectives"]["allreduce"] > 1  # more than the step decision's
+
+
+@pytest.mark.slow
+def test_context_parallel_x_tensor_parallel_over_4_processes_trains_as_one_process_on_whole_sequences(
+    tmp_path: Path,
+) -> None:
+    """cp=2 x tp=2: each context-parallel rank's half of every sequence, its heads split over 2 tensor-parallel
+    ranks, which gather the keys and values of their own heads from their context peers; one data-parallel rank
+    either way, so the same samples."""
+    shared = [
+        "train", "--config", str(CP_RECIPE), *TINY, "--train.max_steps", "4", "--eval.every_steps", "0",
+        "--checkpoint.save_every_steps", "0", "--checkpoint.resume", "null", "--logger.name", "csv",
+    ]  # fmt: skip
+    split = ["--devices", "4", "--strategy.fsdp2.tensor_parallel_size", "2"]
+    whole = ["--devices", "1", "--strategy.fsdp2.context_parallel_size", "1"]
+    runs = {
+        "split": ["--out_dir", str(tmp_path / "split"), *split],
+        "whole": ["--out_dir", str(tmp_path / "whole"), *whole],
+    }
+    for overrides in runs.values():
+        result = run_cli(*shared, *overrides)
+        assert result.returncode == 0, result.stderr[-3000:]
+    losses = {name: train_losses(tmp_path / name) for name in runs}
+    assert sorted(losses["whole"]) == [1, 2, 3, 4]
+    assert_same_losses(losses["split"], losses["whole"], tolerance=1e-5)
