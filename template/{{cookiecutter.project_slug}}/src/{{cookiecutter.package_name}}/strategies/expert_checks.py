@@ -3,8 +3,8 @@
 Expert parallelism splits each mixture-of-experts layer's experts over groups of data-parallel ranks (fully_shard.py
 builds the mesh): the degree divides the data-parallel ranks (with context parallel, the data x context ranks; under
 hsdp those of a replica group, a node: the all-to-alls stay inside it) and the experts, and composes with fsdp2's
-and hsdp's sharding and with context parallel (tensor parallel and pipeline stages keep the experts whole). Checked before any process starts, each refusal one
-line naming the field and what is allowed.
+and hsdp's sharding and with context parallel (tensor parallel and pipeline stages keep the experts whole).
+Checked before any process starts, each refusal one line naming the field and what is allowed.
 """
 
 from __future__ import annotations
