@@ -70,7 +70,7 @@ def test_attention_over_the_gathered_keys_gives_each_ranks_part_of_the_whole_seq
         own = chunk_positions(time, rank, size)
         part_documents = None if documents is None else shard.split(documents)
         with sharding(shard):
-            layout = split_attention(time // size, part_documents, q.device)
+            layout = split_attention(time // size, part_documents, q.device, q.dtype)
         assert layout is not None
         mask, positions = layout
         keys, values = shard.gather(k, 2), SimulatedShard(None, rank, size, wholes=(v,)).gather(v, 2)
@@ -80,7 +80,7 @@ def test_attention_over_the_gathered_keys_gives_each_ranks_part_of_the_whole_seq
 
 
 def test_without_a_shard_the_model_sees_whole_sequences() -> None:
-    assert split_attention(8, None, torch.device("cpu")) is None
+    assert split_attention(8, None, torch.device("cpu"), torch.float32) is None
 
 
 CP_RECIPE = RECIPES / "cpu-cp-debug.yaml"

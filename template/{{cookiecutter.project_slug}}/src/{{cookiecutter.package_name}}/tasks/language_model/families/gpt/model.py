@@ -131,7 +131,8 @@ class GPT(nn.Module):
         if start + time > self.config.block_size:
             raise ValueError(f"sequence of {start + time} tokens exceeds block_size={self.config.block_size}")
         x, mask = idx, None  # a later pipeline stage (no embeddings) is handed the previous stage's hidden states
-        if caches is None and (split := split_attention(time, documents, idx.device)) is not None:
+        dtype = self.token_embedding.weight.dtype if self.token_embedding is not None else idx.dtype  # the blocks'
+        if caches is None and (split := split_attention(time, documents, idx.device, dtype)) is not None:
             mask, positions = split  # this rank's part of every sequence (context parallel), at its global positions
         elif documents is None:
             positions = torch.arange(start, start + time, device=idx.device)

@@ -209,8 +209,10 @@ class Llama(nn.Module):
             raise ValueError(f"sequence of {start + time} tokens exceeds block_size={self.config.block_size}")
         cos, sin = rotary_tables(self.config, start + time, idx.device)
         cos, sin = cos[start:], sin[start:]
+        # A later pipeline stage (no embedding) is handed the previous stage's hidden states.
+        x = self.token_embedding(idx) if self.token_embedding is not None else idx
         mask, positions = None, None
-        split = split_attention(time, documents, idx.device) if caches is None else None
+        split = split_attention(time, documents, idx.device, x.dtype) if caches is None else None
         if split is not None:  # this rank's part of every sequence (context parallel), at its global positions
             (mask, positions), (cos, sin) = split, rotary_tables(self.config, self.config.block_size, idx.device)
         elif documents is not None:
@@ -219,8 +221,6 @@ class Llama(nn.Module):
             cos, sin = cos[positions], sin[positions]
             if positions.dim() == 2:  # per packed example: (batch, 1, time, head_dim)
                 cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        # A later pipeline stage (no embedding) is handed the previous stage's hidden states.
-        x = self.token_embedding(idx) if self.token_embedding is not None else idx
         for index, block in enumerate(self.blocks):
             x = block(x, cos, sin, None, mask) if caches is None else block(x, cos, sin, caches[index])
         return self.lm_head(self.norm(x)) if self.lm_head is not None else x
