@@ -22,9 +22,10 @@ as tensor parallel's all-reduces are, over the node's links when the group (c x 
 context dimension outside the tensor one) fits in a node, else over the rank's share of the network link.
 
 Offered: each degree c > 1 that divides the data-parallel ranks and leaves 2 x c equal chunks of the sequence, for an
-option of a strategy with a context-parallel dimension (fsdp2's sharding, with or without tensor parallel; not a
-pipeline, hsdp's replicas or expert parallel, which strategies/context_parallel.py refuses), when the sequence is
-LONG or longer; only for a task whose sizes have a sequence (the language model's `Shape`; not the image task).
+option of a strategy with a context-parallel dimension (fsdp2's sharding, with or without tensor parallel; not yet
+with a pipeline, hsdp's replicas or expert parallel, which run it: a recipe that sets them is sized, a pipeline's
+ranks each on its part of the sequence), when the sequence is LONG or longer; only for a task whose sizes have a
+sequence (the language model's `Shape`; not the image task).
 """
 
 from __future__ import annotations

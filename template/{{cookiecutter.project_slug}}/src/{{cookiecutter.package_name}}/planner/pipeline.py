@@ -160,10 +160,14 @@ def pipeline_terms(
     tensor_parallel: int = 1,
     sixteen_bit_module: bool = False,
     rank: int | None = None,
+    whole: Activations | None = None,
+    context_parallel: int = 1,
 ) -> PipelineTerms:
     """The bubble, held activations and p2p volume of `size` pipeline ranks on one micro-batch of `pieces` pieces,
-    on pipeline rank `rank` (None: the first)."""
-    whole = cost.activations(micro_batch, precision, tensor_parallel, sixteen_bit_module)
+    on pipeline rank `rank` (None: the first). `whole`: the micro-batch's activations through every layer where they
+    are not the task's formulas at its sequence length: under context parallel those of a rank's 1/`context_parallel`
+    of the positions with the gathered keys and values (planner/context.py), which is also what crosses a stage."""
+    whole = whole or cost.activations(micro_batch, precision, tensor_parallel, sixteen_bit_module)
     loads = rank_loads(cost, size, schedule, stages_per_rank, pieces, tensor_parallel)
     load = loads[rank or 0]
     zero_bubble = schedule in ZERO_BUBBLE_SCHEDULES
@@ -173,7 +177,7 @@ def pipeline_terms(
         bubble=bubble_fraction(schedule, size, pieces, stages_per_rank),
         pieces_held=pieces_held(schedule, size, pieces, stages_per_rank),
         activations=rank_activations(whole, cost.n_layer, pieces, load, zero_bubble),
-        p2p_elements=2 * stages_per_rank * cost.hidden_elements(micro_batch),
+        p2p_elements=2 * stages_per_rank * cost.hidden_elements(micro_batch) / context_parallel,
         rank=load.rank,
         ends=load.ends,
         loads=loads,

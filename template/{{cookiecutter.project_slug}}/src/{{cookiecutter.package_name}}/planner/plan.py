@@ -161,12 +161,13 @@ def estimate(
     data_parallel = max(1, (inputs.devices if option.hybrid else inputs.world_size) // (t * pp))
     sixteen_bit = option.sixteen_bit_module and precision in MIXED
     pipeline = None
+    whole = context.activations(cost, option, micro_batch, precision, t, sixteen_bit)  # a micro-batch, every layer
     if pp > 1:  # each piece one sample: the smallest bubble the micro-batch allows
         schedule, per_rank = option.pipeline_schedule, option.pipeline_stages_per_rank
         if stage_rank is None:
             return worst_rank(lambda rank, ckpt: estimate(candidate, inputs, micro_batch, rank, ckpt), pp)
         pipeline = pipeline_terms(cost, pp, schedule, per_rank, micro_batch, micro_batch, precision, t, sixteen_bit,
-                                  stage_rank)  # fmt: skip
+                                  stage_rank, whole, option.context_parallel)  # fmt: skip
         local = pipeline.layers * layer + (root := pipeline.ends * scale)  # its blocks and its end, if any
     paper = zero_model_states(local, precision, option.stage, data_parallel, inputs.trained)
     apart = experts.not_gathered(cost, option, data_parallel) * scale  # expert parallel: experts a rank never gathers
@@ -178,9 +179,7 @@ def estimate(
         paper = States(0.0, 0.0, 0.0)
         extra = [term for term in extra if not term.with_optimizer]
     terms = tuple((term.label, term.bytes) for term in extra)
-    acts = (
-        pipeline.activations if pipeline else context.activations(cost, option, micro_batch, precision, t, sixteen_bit)
-    )
+    acts = pipeline.activations if pipeline else whole
     base = paper.total + sum(value for _, value in terms)
     checkpointing = checkpointed or base + acts.peak > inputs.budget
     total = base + (acts.checkpointed_peak if checkpointing else acts.peak)

@@ -37,11 +37,6 @@ def check_context_parallel(strategy: Any) -> None:
     recipe, options = strategy.recipe, strategy.options
     size = options.context_parallel_size
     field = f"{field_path(Fsdp2Options, 'context_parallel_size')}={size}"
-    if options.pipeline_parallel_size > 1:
-        pipeline = f"{field_path(Fsdp2Options, 'pipeline_parallel_size')} > 1"
-        raise RecipeError(
-            f"{field} does not compose with {pipeline} here (set it to 1, or use fsdp2 without a pipeline)"
-        )
     group = size * options.tensor_parallel_size
     if strategy.hybrid and recipe.devices % group:  # hsdp shards inside a node: a group must not span two
         raise RecipeError(
@@ -49,11 +44,12 @@ def check_context_parallel(strategy: Any) -> None:
             f" tensor-parallel ranks, {group}) lies inside a node: choose a size that divides devices={recipe.devices}"
             f" / tensor_parallel_size={options.tensor_parallel_size}"
         )
-    others = recipe.world_size // options.tensor_parallel_size
+    others = recipe.world_size // (options.tensor_parallel_size * options.pipeline_parallel_size)
     if others % size:
+        stages = " x pipeline_parallel_size" if options.pipeline_parallel_size > 1 else ""
         raise RecipeError(
-            f"{field} does not divide the {others} data-parallel ranks (devices x num_nodes / tensor_parallel_size):"
-            f" choose {divisors(others)}"
+            f"{field} does not divide the {others} data-parallel ranks (devices x num_nodes / tensor_parallel_size"
+            f"{stages}): choose {divisors(others)}"
         )
     length = strategy.task.units_per_sample()
     if length == 1:
@@ -89,6 +85,10 @@ class SequenceShard:
     def split(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """This rank's part of `x` along its sequence dimension `dim`."""
         return x.index_select(dim, chunk_positions(x.shape[dim], self.rank, self.size, x.device))
+
+    def split_all(self, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
+        """This rank's part of each tensor whose second dimension is its sequence (the others as they are)."""
+        return tuple(self.split(x) if x.dim() > 1 else x for x in tensors)
 
     def positions(self, local_length: int, device: Any = None) -> torch.Tensor:
         """The global positions of this rank's `local_length` elements."""
@@ -147,4 +147,4 @@ def split_sequences(fabric: Fabric, batch: Any, size: int) -> Iterator[Any]:
     mesh = fabric.strategy.device_mesh  # type: ignore[attr-defined]
     shard = SequenceShard(mesh.get_group("context_parallel"), mesh.get_local_rank("context_parallel"), size)
     with sharding(shard):
-        yield tuple(shard.split(x) if x.dim() > 1 else x for x in batch)
+        yield shard.split_all(batch)

@@ -1,8 +1,7 @@
 """FSDP2, HSDP and tensor parallel: torch's fully_shard per block (and DTensor tensor parallel inside a node)
 through Fabric's ModelParallelStrategy. FSDP2 is the default sharded strategy; it runs on CPU (gloo) too.
-With `fsdp2.pipeline_parallel_size` > 1 the blocks are split into pipeline stages on a (pipeline, data
-parallel, tensor parallel) mesh, each stage sharded as a model of its own, and a schedule runs forward and
-backward (`forward_backward`).
+With `fsdp2.pipeline_parallel_size` > 1 the blocks are split into pipeline stages on a (pipeline, data parallel,
+context parallel, tensor parallel) mesh, each stage sharded as a model of its own, run by a schedule.
 
 The in-process half (the parallelize_fn, device meshes, clipping across meshes) is `fully_shard.py`; the
 pipeline's stages and schedule are `pipeline.py`, its recipe rules `pipeline_checks.py`.
@@ -21,7 +20,7 @@ from ..precision import MIXED, torch_model_states
 from ..recipe.schema import Fsdp2Options
 from ..tasks.base import checked_model
 from .base import GpuRequirement, MakeOptimizer, TrainingStrategy, divisors, process_group_options
-from .context_parallel import check_context_parallel, split_sequences
+from .context_parallel import SequenceShard, check_context_parallel, split_sequences
 from .expert_checks import check_expert_parallel
 from .pipeline_checks import check_pipeline, pipeline_rehearsal_problem, stage_indices
 
@@ -141,8 +140,8 @@ class FSDP2(TrainingStrategy):
                 f"pipeline parallel {self.pipeline_parallel_size} ({options.pipeline_schedule},"
                 f" {options.pipeline_microbatches} micro-batches) x {text}"
             )
-        if self.options.expert_parallel_size > 1:
-            text += f" x expert parallel {self.options.expert_parallel_size}"
+        for dimension, size in (("context", self.context_parallel_size), ("expert", self.options.expert_parallel_size)):
+            text += f" x {dimension} parallel {size}" if size > 1 else ""
         return text + f" x tensor parallel {self.tensor_parallel_size}" if self.tensor_parallel_size > 1 else text
 
     def plan_options(self) -> list[PlanOption]:
@@ -330,7 +329,8 @@ class FSDP2(TrainingStrategy):
         from ..precision import mixed_precision_policy
         from .pipeline import as_arguments, stage_boundaries
 
-        inputs = as_arguments(self.task.split_batch(self.shapes_batch)[0])
+        whole = as_arguments(self.task.split_batch(self.shapes_batch)[0])
+        inputs = SequenceShard(None, 0, self.context_parallel_size).split_all(whole)  # every rank's part: one shape
         piece = self.recipe.train.micro_batch_size // self.options.pipeline_microbatches
         held = next(model.parameters()).dtype
         dtype = mixed_precision_policy(self.recipe.precision).param_dtype or held
@@ -365,18 +365,18 @@ class FSDP2(TrainingStrategy):
         accumulate: int,
         adjust_loss: Callable[[torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
-        if self.pipeline_parallel_size == 1:
-            with split_sequences(fabric, batch, self.context_parallel_size) as part:
+        with split_sequences(fabric, batch, self.context_parallel_size) as part:
+            if self.pipeline_parallel_size == 1:
                 return super().forward_backward(fabric, model, part, accumulate, adjust_loss)
-        inputs, targets = self.task.split_batch(batch)
-        return self.schedule.forward_backward(inputs, targets, accumulate, adjust_loss)
+            inputs, targets = self.task.split_batch(part)
+            return self.schedule.forward_backward(inputs, targets, accumulate, adjust_loss)
 
     def validation_step(self, fabric: Fabric, model: Any, batch: Any, metrics: dict[str, Any]) -> None:
-        if self.pipeline_parallel_size == 1:
-            with split_sequences(fabric, batch, self.context_parallel_size) as part:
+        with split_sequences(fabric, batch, self.context_parallel_size) as part:
+            if self.pipeline_parallel_size == 1:
                 return super().validation_step(fabric, model, part, metrics)
-        inputs, targets = self.task.split_batch(batch)
-        self.schedule.evaluate(inputs, targets, partial(self.task.update_metrics, metrics=metrics))
+            inputs, targets = self.task.split_batch(part)
+            self.schedule.evaluate(inputs, targets, partial(self.task.update_metrics, metrics=metrics))
         return None
 
 

@@ -116,36 +116,30 @@ class ModelParallel(ModelParallelStrategy):
 
 def sharding_meshes(device_mesh: DeviceMesh, replicas: int) -> tuple[DeviceMesh, DeviceMesh]:
     """The (data-parallel, tensor-parallel) meshes: 1-D data parallel, or 2-D (replicate, shard) for hsdp with
-    `replicas` replica groups (one per node, or under pipeline parallel one per node of the nodes a stage spans)."""
-    if "context_parallel" in (device_mesh.mesh_dim_names or ()):
-        # Parameters are sharded, and gradients averaged, over data x context ranks: every rank holds a shard; under
-        # hsdp over those of its node, replicated across the nodes (the same rank order, data_parallel split in two).
-        if replicas == 1:
-            data_context = device_mesh["data_parallel", "context_parallel"]._flatten("data_context_parallel")
-            return data_context, device_mesh["tensor_parallel"]
-        dims = {
-            "replicate": replicas,
-            "shard": device_mesh["data_parallel"].size() // replicas,
-            "context_parallel": device_mesh["context_parallel"].size(),
-            "tensor_parallel": device_mesh["tensor_parallel"].size(),
-        }
-        mesh = init_device_mesh(device_mesh.device_type, tuple(dims.values()), mesh_dim_names=tuple(dims))
-        mesh["shard", "context_parallel"]._flatten("shard_context_parallel")
-        return mesh["replicate", "shard_context_parallel"], mesh["tensor_parallel"]
+    `replicas` replica groups (one per node, or under pipeline parallel one per node of the nodes a stage spans).
+
+    Under context parallel, parameters are sharded, and gradients averaged, over the data x context ranks: every rank
+    holds a shard; under hsdp over those of its node, replicated across the nodes."""
+    names = device_mesh.mesh_dim_names or ()
+    context = {"context_parallel": device_mesh["context_parallel"].size()} if "context_parallel" in names else {}
     if replicas == 1:
-        return device_mesh["data_parallel"], device_mesh["tensor_parallel"]
-    # Same rank order as Fabric's (data_parallel, tensor_parallel) mesh, or ours with the pipeline outermost, with
-    # data_parallel split in two.
-    pipeline = {"pipeline": device_mesh["pipeline"].size()} if "pipeline" in (device_mesh.mesh_dim_names or ()) else {}
-    data_parallel = device_mesh["data_parallel"].size()
+        if not context:
+            return device_mesh["data_parallel"], device_mesh["tensor_parallel"]
+        data_context = device_mesh["data_parallel", "context_parallel"]._flatten("data_context_parallel")
+        return data_context, device_mesh["tensor_parallel"]
+    # The device mesh's rank order (the pipeline outermost where there is one), with data_parallel split in two.
     dims = {
-        **pipeline,
+        **({"pipeline": device_mesh["pipeline"].size()} if "pipeline" in names else {}),
         "replicate": replicas,
-        "shard": data_parallel // replicas,
+        "shard": device_mesh["data_parallel"].size() // replicas,
+        **context,
         "tensor_parallel": device_mesh["tensor_parallel"].size(),
     }
     mesh = init_device_mesh(device_mesh.device_type, tuple(dims.values()), mesh_dim_names=tuple(dims))
-    return mesh["replicate", "shard"], mesh["tensor_parallel"]
+    if not context:
+        return mesh["replicate", "shard"], mesh["tensor_parallel"]
+    mesh["shard", "context_parallel"]._flatten("shard_context_parallel")
+    return mesh["replicate", "shard_context_parallel"], mesh["tensor_parallel"]
 
 
 def parallelize(

@@ -105,7 +105,11 @@ def test_mfu_under_context_parallel_counts_attention_at_the_full_sequence_length
     [
         (["--strategy.fsdp2.context_parallel_size", "3"], "context_parallel_size=3 does not divide the 2 data"),
         (["--model.block_size", "66"], "sequence length 66 does not divide into 2 x 2 equal chunks (choose 1)"),
-        (["--strategy.fsdp2.pipeline_parallel_size", "2"], "compose with strategy.fsdp2.pipeline_parallel_size"),
+        (
+            ["--strategy.fsdp2.pipeline_parallel_size", "2"],
+            "context_parallel_size=2 does not divide the 1 data-parallel ranks (devices x num_nodes /"
+            " tensor_parallel_size x pipeline_parallel_size): choose 1",
+        ),
         (
             ["--strategy.name", "hsdp", "--num_nodes", "2", "--strategy.fsdp2.context_parallel_size", "4"],
             "context_parallel_size=4: under strategy.name=hsdp a context-parallel group (with its tensor-parallel ranks,"
@@ -251,3 +255,36 @@ def test_context_parallel_x_tensor_parallel_over_4_processes_trains_as_one_proce
     losses = {name: train_losses(tmp_path / name) for name in runs}
     assert sorted(losses["whole"]) == [1, 2, 3, 4]
     assert_same_losses(losses["split"], losses["whole"], tolerance=1e-5)
+
+
+@pytest.mark.slow
+def test_context_parallel_x_pipeline_over_4_processes_trains_as_one_process_on_whole_sequences(
+    tmp_path: Path,
+) -> None:
+    """cp=2 x pp=2: each stage's 2 context-parallel ranks hold halves of every sequence, and the pipeline passes each
+    half's activations to the next stage's rank with the same half; one data-parallel rank either way, so the same
+    samples. Validation runs through the schedule on the halves too."""
+    shared = [
+        "train", "--config", str(CP_RECIPE), *TINY, "--model.n_kv_head", "1", "--train.max_steps", "4",
+        "--eval.every_steps", "4", "--checkpoint.save_every_steps", "0", "--checkpoint.resume", "null",
+        "--logger.name", "csv",
+    ]  # fmt: skip
+    split = ["--devices", "4", "--strategy.fsdp2.pipeline_parallel_size", "2",
+             "--strategy.fsdp2.pipeline_microbatches", "2"]  # fmt: skip
+    whole = ["--devices", "1", "--strategy.fsdp2.context_parallel_size", "1"]
+    runs = {
+        "split": ["--out_dir", str(tmp_path / "split"), *split],
+        "whole": ["--out_dir", str(tmp_path / "whole"), *whole],
+    }
+    for overrides in runs.values():
+        result = run_cli(*shared, *overrides)
+        assert result.returncode == 0, result.stderr[-3000:]
+    losses = {name: train_losses(tmp_path / name) for name in runs}
+    assert sorted(losses["whole"]) == [1, 2, 3, 4]
+    assert_same_losses(losses["split"], losses["whole"], tolerance=1e-5)
+    validation = {
+        name: [float(row["val/loss"]) for row in read_csv_metrics(tmp_path / name) if row.get("val/loss")]
+        for name in runs
+    }
+    assert len(validation["whole"]) == 1
+    assert validation["split"] == pytest.approx(validation["whole"], abs=1e-5)

@@ -58,6 +58,25 @@ def test_a_long_sequence_under_context_parallel_holds_its_mask_once_as_planned()
     assert_as_planned(rehearsed(LONG_CONTEXT[0], [0, 15], *LONG_CONTEXT[1:]))
 
 
+@pytest.mark.slow
+def test_context_parallel_under_a_pipeline_rehearses_within_each_pipeline_ranks_plan() -> None:
+    """The same at pp=2 x cp=4: each stage's ranks hold their blocks' states as plan sizes that rank, to the byte; the
+    first rank peaks within 10% of its figure and the last below its (plan bounds the last stage's logits by a whole
+    piece's, as for any 1F1B pipeline: docs/strategies.md); the stages exchange a rank's 1/4 of each piece."""
+    layout = ["--strategy.fsdp2.pipeline_parallel_size", "2", "--strategy.fsdp2.pipeline_microbatches", "2",
+              "--train.micro_batch_size", "2", "--train.grad_accum_steps", "8"]  # fmt: skip
+    first, last = rehearsed(LONG_CONTEXT[0], [0, 15], *LONG_CONTEXT[1:], *layout)["ranks"]
+    assert (first["mesh"]["pipeline"], last["mesh"]["pipeline"], last["mesh"]["context_parallel"]) == (0, 1, 3)
+    for rank in (first, last):
+        for held in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
+            assert rank[held] == rank["plan"][held], (rank["rank"], held)
+    assert first["peak_bytes"] == pytest.approx(first["plan"]["peak_bytes"], rel=PEAK_WITHIN)
+    assert last["peak_bytes"] <= last["plan"]["peak_bytes"]
+    piece = 1 * 65536 // 4 * 4096 * 2  # one sample's quarter of the sequence, its hidden states in bf16
+    assert first["collective_bytes"]["send"] == first["collectives"]["send"] * piece
+    assert first["collectives"]["send"] == 8 * 2  # every piece of every micro-batch, forward
+
+
 PIPELINES = ("llama-70b-pp-fsdp2-tp-multinode",)  # plan's figure is its worst rank's: the test below
 QUICK = ("fsdp2-node", "ddp-node")  # the test above
 
