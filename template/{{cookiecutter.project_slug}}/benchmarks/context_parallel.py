@@ -6,7 +6,7 @@
 cpu-cp-debug's Llama on the same sequences (one data-parallel rank either way, so both read the same samples):
 each rank holds 1 / cp of every sequence and attends over the keys and values gathered from its group, so what its
 forward pass keeps for backward (every storage an operation made that is still alive when the forward ends,
-counted exactly as training_defaults.py does, the gathered keys and values included) should be about 1 / cp of
+counted exactly as training_defaults.py does, the attention's mask included) should be about 1 / cp of
 the whole sequences'. The step (forward, backward, optimizer step) is timed after two warm-up steps.
 """
 

@@ -162,7 +162,7 @@ def planned(recipe: Recipe, device: Device, pipeline_rank: int | None = None) ->
         config, plain = recipe.strategy, cost.tensor_parallel_all_reduces(False)
         recomputed = -(-cost.n_layer // config.activation_checkpointing_every) if checkpointed else 0
         collectives |= expert_collectives(cost, option, micro_batches, recomputed)  # all-to-alls: planner/experts.py
-        for name, count in context_collectives(cost, option, micro_batches, recomputed).items():  # keys, values
+        for name, count in context_collectives(cost, option, micro_batches).items():  # keys, values
             collectives[name] = collectives.get(name, 0) + count
         per_block = cost.tensor_parallel_all_reduces(True) - plain
         tensor_parallel = (cost.n_layer * plain + recomputed * per_block) * micro_batches

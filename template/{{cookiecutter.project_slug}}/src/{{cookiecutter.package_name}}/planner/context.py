@@ -5,15 +5,16 @@ each holds 2 of 2c load-balanced chunks, s/c of the s positions, and attends fro
 all-gathered from the group. Per rank, against the same option without it:
 
     model states  the same: fully_shard shards them over the data x context ranks, as many as before
-    activations   those of a sequence of s/c positions (the task's formulas at that length), plus per layer what the
-                  attention saves of the whole sequence: the gathered keys and values, b x s x 2 x kv_width / t, and the
-                  mask from its s/c queries to the s keys, which SDPA takes in the compute dtype and saves, s/c x s
-                  (one per layer: each call converts the boolean mask anew); checkpointed blocks keep the boolean
-                  mask itself (s/c x s bytes) as an input to recompute from
+    activations   those of a sequence of s/c positions (the task's formulas at that length), plus the boolean mask from
+                  its s/c queries to the s keys (s/c x s bytes), held once for every layer (a pipeline: once per
+                  piece in flight); the attention recomputes itself in backward (families/context.py `attend`), so
+                  what it makes of the whole sequence, the gathered keys and values, b x s x 2 x kv_width / t, and the
+                  float mask SDPA converts the boolean one to, s/c x s in the compute dtype, exists for one layer at
+                  a time (in forward, and while backward recomputes it)
     all-gather    per layer and micro-batch the keys and the values, each b x s x kv_width / t elements gathered (a rank
-                  receives the (c - 1) / c it does not hold) in forward; in backward each gather's autograd
-                  reduce-scatters the gradients of the same size back onto their ranks; activation checkpointing
-                  gathers again when it recomputes a layer: 4 collectives per layer, 6 when checkpointed
+                  receives the (c - 1) / c it does not hold) in forward and again when backward recomputes the
+                  attention (or its checkpointed block); each gather's autograd reduce-scatters the gradients of the
+                  same size back onto their ranks: 6 collectives per layer
     micro-batches c ranks share each sample: like a tensor-parallel group, a context-parallel group runs c times the
                   micro-batches per data-parallel rank for the same global batch (each on 1/c of the positions)
 
@@ -39,10 +40,12 @@ from ..recipe.schema import Fsdp2Options, field_path
 from ..tasks.base import Activations, ModelCost
 from .inputs import Candidate, Inputs
 from .options import PlanOption
+from .pipeline import SplitSequence
 from .units import GB
 
 LONG = 16384  # tokens from which plan offers context-parallel degrees (shorter sequences fit without)
 LENGTHS = tuple(2**n for n in range(10, 23))  # what plan tries for the longest context that fits: 1K to 4M tokens
+COLLECTIVES_PER_LAYER = 6  # the keys' and values' all-gathers in forward and again in backward, their reduce-scatters
 WHY = (
     "each of {context_parallel} {device_plural} holds 1/{context_parallel} of every sequence and its activations;"
     " the keys and values are all-gathered per layer, which moves less than splitting the layers"
@@ -93,6 +96,22 @@ def with_degrees(candidates: list[Candidate], inputs: Inputs) -> list[Candidate]
     return offered
 
 
+def quickest_degree(cheapest: Any, fitting: list[Any]) -> Any:
+    """Plan's pick where the cheapest estimate that fits (`cheapest`, among those that recompute the least) splits
+    sequences: of the `fitting` estimates of its option at a context-parallel degree > 1, checkpointed or not, the
+    quickest by the step bound (`cheapest` where it has none). A degree whose group crosses nodes gathers keys and
+    values over the network at every layer, which can cost more than recomputing a smaller degree's activations."""
+    option = cheapest.candidate.option
+    if option.context_parallel == 1 or cheapest.step_seconds is None:
+        return cheapest
+
+    def plain(option: PlanOption) -> PlanOption:
+        return dataclasses.replace(option, name="", why="", context_parallel=1)
+
+    same = [e for e in fitting if e.candidate.option.context_parallel > 1 and e.step_seconds is not None]
+    return min([e for e in same if plain(e.candidate.option) == plain(option)], key=lambda e: e.step_seconds)
+
+
 def base_name(option: PlanOption) -> str:
     """The option's name without its context-parallel suffix: what a recipe's refusal names."""
     return option.name.removesuffix(f"_cp{option.context_parallel}")
@@ -110,45 +129,58 @@ def gathered_layer_bytes(
     return keys_values + element * (s // degree) * s
 
 
-def activations(
-    cost: ModelCost, option: PlanOption, micro_batch: int, precision: str, tensor_parallel: int, sixteen_bit: bool
-) -> Activations:
-    """The task's activations for one rank of the option: for a sequence of s/c positions under context parallel,
-    with each layer's gathered keys, values and mask (`gathered_layer_bytes`) on top."""
+def split_sequence(
+    cost: ModelCost,
+    option: PlanOption,
+    micro_batch: int,
+    pieces: int,
+    precision: str,
+    tensor_parallel: int,
+    sixteen_bit: bool,
+) -> SplitSequence | None:
+    """What one rank of the option holds under context parallel for a micro-batch run in `pieces` pieces (a
+    pipeline's; 1 otherwise): the task's activations at s/c positions, each piece's boolean mask (s/c x s, an input
+    of every block), and what a layer's attention makes again in backward (its gathered keys and values and SDPA's
+    float mask, `gathered_layer_bytes`); None without context parallel or a sequence."""
     degree = option.context_parallel
     if degree == 1 or not isinstance(cost, SequenceCost):
-        return cost.activations(micro_batch, precision, tensor_parallel, sixteen_bit)
+        return None
     part = dataclasses.replace(cost, sequence_length=cost.sequence_length // degree)  # type: ignore[type-var]
     own = part.activations(micro_batch, precision, tensor_parallel, sixteen_bit)
     blocks = "bf16-true" if sixteen_bit and precision in MIXED else precision
-    extra = gathered_layer_bytes(cost, micro_batch, blocks, tensor_parallel, degree)
-    mask = cost.sequence_length // degree * cost.sequence_length  # the boolean mask, an input of every block
-    return dataclasses.replace(
-        own,
-        held=own.held + cost.n_layer * extra,
-        held_checkpointed=own.held_checkpointed + mask,  # checkpointed blocks keep their inputs for recomputing
-        recompute_peak=own.recompute_peak + extra,
-    )
+    transient = gathered_layer_bytes(cost, micro_batch // pieces, blocks, tensor_parallel, degree)
+    return SplitSequence(degree, own, cost.sequence_length // degree * cost.sequence_length, transient)
 
 
-def gathered_elements(cost: ModelCost, option: PlanOption, micro_batch: int, checkpointing: bool) -> float:
-    """Elements a rank sends per micro-batch of its group: each layer's gathers of keys and values and the backward's
-    reduce-scatters of their gradients (and the gathers again where checkpointing recomputes), each of b x s x kv_width
-    / t elements of which (c - 1) / c cross; 0 without context parallel."""
+def activations(
+    cost: ModelCost, option: PlanOption, micro_batch: int, precision: str, tensor_parallel: int, sixteen_bit: bool
+) -> Activations:
+    """The task's activations for one rank of the option; under context parallel at s/c positions, with the mask held
+    once and one layer's gathered keys, values and float mask while backward recomputes it (`split_sequence`)."""
+    split = split_sequence(cost, option, micro_batch, 1, precision, tensor_parallel, sixteen_bit)
+    if split is None:
+        return cost.activations(micro_batch, precision, tensor_parallel, sixteen_bit)
+    return split.added_to(split.own, 1)
+
+
+def gathered_elements(cost: ModelCost, option: PlanOption, micro_batch: int) -> float:
+    """Elements a rank sends per micro-batch of its group: each layer's gathers of keys and values, in forward and again
+    when backward recomputes the attention (its own checkpoint, or its block's), and the reduce-scatters of their
+    gradients, each of b x s x kv_width / t elements of which (c - 1) / c cross; 0 without context parallel."""
     degree = option.context_parallel
     if degree == 1 or not isinstance(cost, SequenceCost):
         return 0.0
     per_collective = micro_batch * cost.sequence_length * cost.kv_width / option.tensor_parallel
-    collectives = (6 if checkpointing else 4) * cost.n_layer
+    collectives = COLLECTIVES_PER_LAYER * cost.n_layer
     return collectives * per_collective * (degree - 1) / degree
 
 
-def gather_seconds(inputs: Inputs, option: PlanOption, micro_batch: int, checkpointing: bool) -> float:
+def gather_seconds(inputs: Inputs, option: PlanOption, micro_batch: int) -> float:
     """Seconds one optimizer step spends in the gathers and reduce-scatters (on its critical path): the group runs c x t
     micro-batches per data-parallel rank for each of the recipe's accumulated ones (plan.py's `communication`), in
     the compute dtype, over the node's links when its c x t neighbouring ranks fit in a node, else over the rank's share
     of the network link."""
-    sent = gathered_elements(inputs.cost, option, micro_batch, checkpointing)
+    sent = gathered_elements(inputs.cost, option, micro_batch)
     if sent == 0:
         return 0.0
     micro_batches = inputs.grad_accum * option.context_parallel * option.tensor_parallel
@@ -159,32 +191,28 @@ def gather_seconds(inputs: Inputs, option: PlanOption, micro_batch: int, checkpo
     return sent * micro_batches * element / link
 
 
-def describe(inputs: Inputs, option: PlanOption, micro_batch: int, checkpointing: bool) -> str | None:
+def describe(inputs: Inputs, option: PlanOption, micro_batch: int) -> str | None:
     """Plan's line on an option's context parallel: the part of each sequence a rank holds, the elements gathered per
     layer and micro-batch, and their seconds per step; None without it."""
     cost, degree = inputs.cost, option.context_parallel
     if degree == 1 or not isinstance(cost, SequenceCost):
         return None
     gathered = micro_batch * cost.sequence_length * cost.kv_width / option.tensor_parallel
-    collectives = 6 if checkpointing else 4
     return (
         f"{option.name}: each rank holds {cost.sequence_length // degree:,} of every {cost.sequence_length:,} tokens;"
         f" per layer and micro-batch it gathers keys and values of {gathered:.3g} elements each and reduce-scatters"
-        f" their gradients ({collectives} collectives, {(degree - 1) / degree:.0%} of each crossing):"
-        f" {gather_seconds(inputs, option, micro_batch, checkpointing):.3g} s per step on the critical path"
+        f" their gradients ({COLLECTIVES_PER_LAYER} collectives, {(degree - 1) / degree:.0%} of each crossing):"
+        f" {gather_seconds(inputs, option, micro_batch):.3g} s per step on the critical path"
     )
 
 
-def context_collectives(
-    cost: ModelCost, option: PlanOption, micro_batches: int, checkpointed_layers: int
-) -> dict[str, int]:
+def context_collectives(cost: ModelCost, option: PlanOption, micro_batches: int) -> dict[str, int]:
     """The gathers of one optimizer step by the names `rehearse` counts: per layer and micro-batch an `allgather` of
-    the keys and one of the values, and in backward a `reduce_scatter` of each one's gradient; `checkpointed_layers`
-    gather again when they recompute."""
+    the keys and one of the values, both again when backward recomputes the attention (or its checkpointed block),
+    and in backward a `reduce_scatter` of each one's gradient."""
     if option.context_parallel == 1:
         return {}
-    gathers = 2 * (cost.n_layer + checkpointed_layers) * micro_batches
-    return {"allgather": gathers, "reduce_scatter": 2 * cost.n_layer * micro_batches}
+    return {"allgather": 4 * cost.n_layer * micro_batches, "reduce_scatter": 2 * cost.n_layer * micro_batches}
 
 
 def recipe_option(option: PlanOption, strategy: Any) -> PlanOption:

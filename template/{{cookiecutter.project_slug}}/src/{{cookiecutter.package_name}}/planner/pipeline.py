@@ -28,7 +28,7 @@ ZB-V holds 37.9 GiB checkpointed, 33.6 GiB not); plan bounds them by every piece
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -160,28 +160,47 @@ def pipeline_terms(
     tensor_parallel: int = 1,
     sixteen_bit_module: bool = False,
     rank: int | None = None,
-    whole: Activations | None = None,
-    context_parallel: int = 1,
+    split: SplitSequence | None = None,
 ) -> PipelineTerms:
     """The bubble, held activations and p2p volume of `size` pipeline ranks on one micro-batch of `pieces` pieces,
-    on pipeline rank `rank` (None: the first). `whole`: the micro-batch's activations through every layer where they
-    are not the task's formulas at its sequence length: under context parallel those of a rank's 1/`context_parallel`
-    of the positions with the gathered keys and values (planner/context.py), which is also what crosses a stage."""
-    whole = whole or cost.activations(micro_batch, precision, tensor_parallel, sixteen_bit_module)
+    on pipeline rank `rank` (None: the first); under context parallel (`split`) each on its part of the sequence."""
+    whole = split.own if split else cost.activations(micro_batch, precision, tensor_parallel, sixteen_bit_module)
     loads = rank_loads(cost, size, schedule, stages_per_rank, pieces, tensor_parallel)
     load = loads[rank or 0]
     zero_bubble = schedule in ZERO_BUBBLE_SCHEDULES
+    held = rank_activations(whole, cost.n_layer, pieces, load, zero_bubble)
     return PipelineTerms(
         stages=size * stages_per_rank,
         layers=load.blocks,
         bubble=bubble_fraction(schedule, size, pieces, stages_per_rank),
         pieces_held=pieces_held(schedule, size, pieces, stages_per_rank),
-        activations=rank_activations(whole, cost.n_layer, pieces, load, zero_bubble),
-        p2p_elements=2 * stages_per_rank * cost.hidden_elements(micro_batch) / context_parallel,
+        activations=split.added_to(held, load.block_pieces / max(load.blocks, 1)) if split else held,
+        p2p_elements=2 * stages_per_rank * cost.hidden_elements(micro_batch) / (split.degree if split else 1),
         rank=load.rank,
         ends=load.ends,
         loads=loads,
     )
+
+
+@dataclass(frozen=True)
+class SplitSequence:
+    """What context parallel (planner/context.py) adds to a rank's activations: each piece of one micro-batch on 1 /
+    `degree` of its positions, attending over the keys and values gathered from the group."""
+
+    degree: int
+    own: Activations  # one micro-batch through every layer at a rank's positions (the task's formulas)
+    mask: float  # the boolean mask a piece holds while in flight (its size does not depend on the piece's samples)
+    transient: float  # one layer's gathered keys and values and SDPA's float mask, made again when backward reaches it
+
+    def added_to(self, held: Activations, in_flight: float) -> Activations:
+        """`held` (a rank's, from `own`) with the masks of its `in_flight` pieces and one layer's recomputation."""
+        return replace(
+            held,
+            held=held.held + in_flight * self.mask,
+            held_checkpointed=held.held_checkpointed + in_flight * self.mask,
+            recompute_peak=held.recompute_peak + self.transient,
+            backward_transient=max(held.backward_transient, self.transient),
+        )
 
 
 def worst_rank(estimate_on: Callable[[int, bool], Any], size: int) -> Any:

@@ -21,7 +21,7 @@ stage whose ranks fit in a node reduces over the node's links. A mixture of expe
 expert-parallel degree of an option that splits experts (experts.py: fewer experts gathered, all-to-alls of the
 routed rows on the critical path), and a long sequence each context-parallel degree of an option that splits sequences
 (context.py: activations of s/c positions, the keys and values all-gathered per layer on the critical path). The pick (`choose`): the first that fits in cost order (its quickest
-expert-parallel degree), or a pipeline or an expert-parallel degree whose bound is at most half of that one's.
+expert- or context-parallel degree), or a pipeline or an expert-parallel degree whose bound is at most half of that one's.
 """
 
 from __future__ import annotations
@@ -166,8 +166,9 @@ def estimate(
         schedule, per_rank = option.pipeline_schedule, option.pipeline_stages_per_rank
         if stage_rank is None:
             return worst_rank(lambda rank, ckpt: estimate(candidate, inputs, micro_batch, rank, ckpt), pp)
+        split = context.split_sequence(cost, option, micro_batch, micro_batch, precision, t, sixteen_bit)
         pipeline = pipeline_terms(cost, pp, schedule, per_rank, micro_batch, micro_batch, precision, t, sixteen_bit,
-                                  stage_rank, whole, option.context_parallel)  # fmt: skip
+                                  stage_rank, split)  # fmt: skip
         local = pipeline.layers * layer + (root := pipeline.ends * scale)  # its blocks and its end, if any
     paper = zero_model_states(local, precision, option.stage, data_parallel, inputs.trained)
     apart = experts.not_gathered(cost, option, data_parallel) * scale  # expert parallel: experts a rank never gathers
@@ -231,7 +232,7 @@ def communication(
     across_nodes = 2 * local / inputs.devices if option.hybrid else 0.0  # the replicas' all-reduce
     rows = experts.exchanged_elements(cost, option, micro_batch, checkpointing)  # every routed row, kept ones too
     sent = rows * experts.sent_share(option)
-    keys = context.gathered_elements(cost, option, micro_batch, checkpointing) * group  # the group's, as tensor's
+    keys = context.gathered_elements(cost, option, micro_batch) * group  # the group's, as tensor's
     # one micro-batch per device, as in the ZeRO paper
     ratio = (data + across_nodes + tensor + p2p + sent + keys) / (2 * p)
     if inputs.cpu:
@@ -272,7 +273,7 @@ def communication(
     exchange = experts.exchange_seconds(
         rows * inputs.grad_accum * activation_bytes, option, inputs.devices, intra, across
     )
-    keys_seconds = context.gather_seconds(inputs, option, micro_batch, checkpointing)
+    keys_seconds = context.gather_seconds(inputs, option, micro_batch)
     return ratio, max(compute, network, host) + tensor * activation_bytes / intra + exchange + keys_seconds
 
 
@@ -316,8 +317,8 @@ QUICKER = 2.0  # how much quicker a pipeline's or an expert-parallel degree's bo
 def choose(fitting: list[Estimate], devices: int) -> tuple[Estimate, Estimate]:
     """(the recommendation, the cheapest that fits), from `fitting` in candidate order. Recomputing activations costs
     a third more compute: only candidates without it if any fits so, the first in cost order (a pipeline: its layout's
-    quickest schedule; an option that splits experts: its quickest expert-parallel degree, 1 included, by the step
-    bound or else the volume, ties to groups inside a node of `devices`, then the smaller). A pipeline or an
+    quickest schedule; sequences split: the quickest degree, checkpointed or not; experts split: the quickest degree, 1
+    included, by the step bound or else the volume, ties to groups inside a node of `devices`, then the smaller). A pipeline or an
     expert-parallel degree that fits is taken instead when its step-time bound is QUICKER times the cheapest's or
     better: a pipeline's stages keep their gathers inside a node, so over slow links between nodes it can beat
     sharding across them; expert parallel gathers a layer's local experts only. The bound ignores how well
@@ -332,10 +333,11 @@ def choose(fitting: list[Estimate], devices: int) -> tuple[Estimate, Estimate]:
             experts.spans_nodes(e.candidate.option, devices), order[e.candidate.name]))  # fmt: skip
 
     cheapest = tier[0]
-    if (option := cheapest.candidate.option).splits_experts:
+    best = context.quickest_degree(cheapest, fitting)  # a context-parallel degree: the quickest, checkpointed or not
+    if best is cheapest and (option := cheapest.candidate.option).splits_experts:
         best = quickest([e for e in tier if experts.same_but_degree(e.candidate.option, option)])
-        if best is not cheapest:
-            return best, cheapest
+    if best is not cheapest:
+        return best, cheapest
     if cheapest.step_seconds is None:
         return cheapest, cheapest
     if cheapest.pipeline is not None:  # the same layout under its quickest schedule that fits

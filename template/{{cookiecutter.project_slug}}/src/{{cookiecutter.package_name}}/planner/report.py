@@ -148,7 +148,7 @@ def render(result: Plan) -> str:
         origin = f" (from recipe {recipe})" if recipe else ""
         lines.append(f"recommended: {result.recommended.candidate.name}{origin}: {result.reason}")
         best = result.recommended
-        if gathers := context.describe(inputs, best.candidate.option, result.micro_batch, best.checkpointing):
+        if gathers := context.describe(inputs, best.candidate.option, result.micro_batch):
             lines.append(gathers)
     if result.longest_context is not None:
         length, name = result.longest_context

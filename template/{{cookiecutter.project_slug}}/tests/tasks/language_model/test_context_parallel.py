@@ -70,7 +70,7 @@ def test_attention_over_the_gathered_keys_gives_each_ranks_part_of_the_whole_seq
         own = chunk_positions(time, rank, size)
         part_documents = None if documents is None else shard.split(documents)
         with sharding(shard):
-            layout = split_attention(time // size, part_documents, q.device, q.dtype)
+            layout = split_attention(time // size, part_documents, q.device)
         assert layout is not None
         mask, positions = layout
         keys, values = shard.gather(k, 2), SimulatedShard(None, rank, size, wholes=(v,)).gather(v, 2)
@@ -80,7 +80,7 @@ def test_attention_over_the_gathered_keys_gives_each_ranks_part_of_the_whole_seq
 
 
 def test_without_a_shard_the_model_sees_whole_sequences() -> None:
-    assert split_attention(8, None, torch.device("cpu"), torch.float32) is None
+    assert split_attention(8, None, torch.device("cpu")) is None
 
 
 CP_RECIPE = RECIPES / "cpu-cp-debug.yaml"
@@ -288,3 +288,27 @@ def test_context_parallel_x_pipeline_over_4_processes_trains_as_one_process_on_w
     }
     assert len(validation["whole"]) == 1
     assert validation["split"] == pytest.approx(validation["whole"], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_a_rank_at_cp2_holds_what_half_the_sequence_holds_without_it_and_the_mask() -> None:
+    """cpu-cp-debug (no checkpointing, fp32) rehearsed at 2048 tokens over cp=2 against 1024 tokens without context
+    parallel: the attention recomputes itself in backward, so beyond its own half a rank holds only the boolean mask
+    (1024 x 2048 bytes), not each layer's gathered keys and values nor SDPA's float mask (12 MiB a layer, 48 MiB in
+    all); it gathers the keys and values twice a layer (forward, recomputation) and reduce-scatters them once."""
+
+    def rehearsed(*overrides: str) -> dict:
+        unchecked = ["--strategy.activation_checkpointing", "false"]
+        result = run_cli("rehearse", "cpu-cp-debug", *unchecked, *overrides, "--json")
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout)
+
+    split = rehearsed("--model.block_size", "2048")
+    half = rehearsed("--model.block_size", "1024", "--strategy.fsdp2.context_parallel_size", "1")
+    mask = 1024 * 2048
+    for rank in split["ranks"]:
+        assert half["ranks"][0]["peak_bytes"] <= rank["peak_bytes"] <= half["ranks"][0]["peak_bytes"] + mask
+        layers, micro_batches = 4, 1
+        gathers = rank["collectives"]["allgather"] - half["ranks"][0]["collectives"]["allgather"]
+        assert gathers == 2 * 2 * layers * micro_batches  # keys and values, in forward and recomputed
+        assert rank["collectives"]["reduce_scatter"] - half["ranks"][0]["collectives"]["reduce_scatter"] == 2 * layers

@@ -41,10 +41,11 @@ def sharded(degree: int, tensor_parallel: int = 1) -> PlanOption:
     return PlanOption("fsdp2", stage=3, why="", tensor_parallel=tensor_parallel, context_parallel=degree)
 
 
-def test_at_cp2_a_rank_holds_half_of_each_layers_activations_and_the_gathered_keys_values_and_mask() -> None:
-    """In fp32 every term of a layer and of the head grows with the positions: half at cp=2. What the attention
-    saves of the whole sequence comes on top: the other half of the keys and values (b x s/2 x 2 x kv_width, the
-    width 2 heads of 32) and the s/2 x s mask, 4 bytes each."""
+def test_at_cp2_a_rank_holds_half_of_each_layers_activations_and_the_mask_once() -> None:
+    """In fp32 every term of a layer and of the head grows with the positions: half at cp=2. The attention holds the
+    boolean s/2 x s mask once, for every layer; what it makes of the whole sequence (the other half of the keys and
+    values, b x s/2 x 2 x kv_width, the width 2 heads of 32, and SDPA's float s/2 x s mask, 4 bytes each) exists for
+    one layer at a time: in forward, and again when backward recomputes it."""
     shape, b, s = shape_of(CP), 8, 128
     half = dataclasses.replace(shape, sequence_length=s // 2)
     assert layer_activations(half, b, "32-true") == layer_activations(shape, b, "32-true") / 2
@@ -53,24 +54,24 @@ def test_at_cp2_a_rank_holds_half_of_each_layers_activations_and_the_gathered_ke
     whole = context.activations(shape, sharded(1), b, "32-true", 1, False)
     split = context.activations(shape, sharded(2), b, "32-true", 1, False)
     assert whole == shape.activations(b, "32-true")
-    assert split.held - shape.n_layer * gathered == whole.held / 2
+    assert split.held - (s // 2) * s == whole.held / 2
     assert split.recompute_peak - gathered == whole.recompute_peak / 2
+    assert split.backward_transient == max(whole.backward_transient / 2, gathered)
     assert split.held_checkpointed - (s // 2) * s == whole.held_checkpointed / 2  # the boolean mask, kept once
 
 
 def test_the_gathers_counted_per_layer_are_what_the_attention_sends() -> None:
     """Keys and values of b x s x kv_width each are gathered per layer, a rank sending its (c-1)/c share, and their
-    gradients reduce-scattered back: 4 collectives per layer, 6 when checkpointing gathers again; `rehearse` counts
-    them as allgather and reduce_scatter."""
+    gradients reduce-scattered back, the keys and values gathered again when backward recomputes the attention: 6
+    collectives per layer; `rehearse` counts them as allgather and reduce_scatter."""
     shape, b, s, kv_width = shape_of(CP), 8, 128, 2 * 32
     for degree in (2, 4):
-        sent = context.gathered_elements(shape, sharded(degree), b, checkpointing=False)
-        assert sent == 4 * shape.n_layer * b * s * kv_width * (degree - 1) / degree
-    assert context.gathered_elements(shape, sharded(2), b, checkpointing=True) == 6 * 4 * b * s * kv_width / 2
-    assert context.gathered_elements(shape, sharded(4, tensor_parallel=2), b, False) == 4 * 4 * b * s * 32 * 3 / 4
-    assert context.gathered_elements(shape, sharded(1), b, False) == 0
-    assert context.context_collectives(shape, sharded(2), 3, 4) == {"allgather": 48, "reduce_scatter": 24}
-    assert context.context_collectives(shape, sharded(1), 3, 0) == {}
+        sent = context.gathered_elements(shape, sharded(degree), b)
+        assert sent == 6 * shape.n_layer * b * s * kv_width * (degree - 1) / degree
+    assert context.gathered_elements(shape, sharded(4, tensor_parallel=2), b) == 6 * 4 * b * s * 32 * 3 / 4
+    assert context.gathered_elements(shape, sharded(1), b) == 0
+    assert context.context_collectives(shape, sharded(2), 3) == {"allgather": 48, "reduce_scatter": 24}
+    assert context.context_collectives(shape, sharded(1), 3) == {}
 
 
 def test_the_gathers_take_the_nodes_links_when_the_group_fits_in_a_node_and_the_networks_share_otherwise() -> None:
@@ -83,10 +84,10 @@ def test_the_gathers_take_the_nodes_links_when_the_group_fits_in_a_node_and_the_
     inputs = plan_inputs(recipe, shape, shape.parameters(), device, INTERCONNECTS["infiniband"], 0.1)
     intra, across = device.intra_node_gb_s * 1e9, INTERCONNECTS["infiniband"] * 1e9 / 8
     for degree, link in ((4, intra), (16, across)):
-        sent = context.gathered_elements(shape, sharded(degree), 1, checkpointing=True)
-        seconds = context.gather_seconds(inputs, sharded(degree), 1, checkpointing=True)
+        sent = context.gathered_elements(shape, sharded(degree), 1)
+        seconds = context.gather_seconds(inputs, sharded(degree), 1)
         assert seconds == pytest.approx(sent * 16 * degree * 2 / link), degree
-    assert context.gather_seconds(inputs, sharded(1), 1, checkpointing=True) == 0
+    assert context.gather_seconds(inputs, sharded(1), 1) == 0
 
 
 def test_a_degree_divides_the_data_parallel_ranks_and_leaves_the_sequence_two_equal_chunks_per_rank() -> None:

@@ -52,9 +52,9 @@ LONG_CONTEXT = ("llama-8b-cp-128k-multinode", "--model.block_size", "65536", "--
 @pytest.mark.slow
 def test_a_long_sequence_under_context_parallel_holds_its_mask_once_as_planned() -> None:
     """The 128K recipe's layout (cp=4 of 16 ranks, bf16-mixed, checkpointed) at 64K tokens and 8 layers, where the
-    mask from a rank's 16K queries to the 64K keys is the largest activation: made once for every layer, not copied
-    at each block (on CPU it is additive in the blocks' compute dtype, which fully_shard's cast of a block's inputs
-    leaves as it is; a float32 mask was copied to bf16 at every block and kept: 1.42 of plan's peak)."""
+    mask from a rank's 16K queries to the 64K keys is the largest activation: boolean, made once for every layer and
+    converted only inside the attention, not copied at each block (a float32 mask passed to the blocks was cast to
+    bf16 by fully_shard at every block and each copy kept: 1.42 of plan's peak)."""
     assert_as_planned(rehearsed(LONG_CONTEXT[0], [0, 15], *LONG_CONTEXT[1:]))
 
 

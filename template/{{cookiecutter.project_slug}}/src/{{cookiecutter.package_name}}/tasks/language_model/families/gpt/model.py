@@ -16,7 +16,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 
 from ....base import init_parameters
 from ...config import ModelConfig
-from ..context import gathered_keys, split_attention
+from ..context import attend, split_attention
 from ..documents import example_attention
 from ..kv_cache import KVCache, cached_attention
 
@@ -40,9 +40,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (layer(x).view(batch, time, -1, self.head_dim).transpose(1, 2) for layer in (self.q, self.k, self.v))
         if cache is None:
             dropout = self.dropout if self.training else 0.0
-            k, v = gathered_keys(k, v)  # the whole sequences' under context parallel (context.py)
-            # `mask`: packed examples (documents.py), a block-diagonal causal mask; else the plain causal one.
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None)
+            # `mask`: packed examples (documents.py), a block-diagonal causal mask; else the plain causal one. Under
+            # context parallel over the whole sequences' keys and values (context.py).
+            y = attend(q, k, v, mask, dropout_p=dropout)
         else:
             y = cached_attention(q, k, v, cache)
         return self.proj(y.transpose(1, 2).reshape(batch, time, -1))
@@ -131,8 +131,7 @@ class GPT(nn.Module):
         if start + time > self.config.block_size:
             raise ValueError(f"sequence of {start + time} tokens exceeds block_size={self.config.block_size}")
         x, mask = idx, None  # a later pipeline stage (no embeddings) is handed the previous stage's hidden states
-        dtype = self.token_embedding.weight.dtype if self.token_embedding is not None else idx.dtype  # the blocks'
-        if caches is None and (split := split_attention(time, documents, idx.device, dtype)) is not None:
+        if caches is None and (split := split_attention(time, documents, idx.device)) is not None:
             mask, positions = split  # this rank's part of every sequence (context parallel), at its global positions
         elif documents is None:
             positions = torch.arange(start, start + time, device=idx.device)

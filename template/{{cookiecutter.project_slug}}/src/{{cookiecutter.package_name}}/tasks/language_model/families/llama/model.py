@@ -16,7 +16,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 
 from ....base import init_parameters
 from ...config import ModelConfig
-from ..context import gathered_keys, split_attention
+from ..context import attend, split_attention
 from ..documents import example_attention
 from ..kv_cache import KVCache, cached_attention
 from .moe import MoE, StepRecords
@@ -68,8 +68,7 @@ class Attention(nn.Module):
         grouped = k.shape[1] != q.shape[1]
         if cache is None:
             # `mask`: packed examples (documents.py) or a part of the sequence (context.py); else the plain causal one.
-            k, v = gathered_keys(k, v)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=grouped)
+            y = attend(q, k, v, mask, enable_gqa=grouped)  # over the whole sequences' keys under context parallel
         else:
             y = cached_attention(q, k, v, cache, enable_gqa=grouped)
         return self.o(y.transpose(1, 2).reshape(batch, time, -1))
@@ -209,10 +208,8 @@ class Llama(nn.Module):
             raise ValueError(f"sequence of {start + time} tokens exceeds block_size={self.config.block_size}")
         cos, sin = rotary_tables(self.config, start + time, idx.device)
         cos, sin = cos[start:], sin[start:]
-        # A later pipeline stage (no embedding) is handed the previous stage's hidden states.
-        x = self.token_embedding(idx) if self.token_embedding is not None else idx
         mask, positions = None, None
-        split = split_attention(time, documents, idx.device, x.dtype) if caches is None else None
+        split = split_attention(time, documents, idx.device) if caches is None else None
         if split is not None:  # this rank's part of every sequence (context parallel), at its global positions
             (mask, positions), (cos, sin) = split, rotary_tables(self.config, self.config.block_size, idx.device)
         elif documents is not None:
@@ -221,6 +218,8 @@ class Llama(nn.Module):
             cos, sin = cos[positions], sin[positions]
             if positions.dim() == 2:  # per packed example: (batch, 1, time, head_dim)
                 cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        # A later pipeline stage (no embedding) is handed the previous stage's hidden states.
+        x = self.token_embedding(idx) if self.token_embedding is not None else idx
         for index, block in enumerate(self.blocks):
             x = block(x, cos, sin, None, mask) if caches is None else block(x, cos, sin, caches[index])
         return self.lm_head(self.norm(x)) if self.lm_head is not None else x
