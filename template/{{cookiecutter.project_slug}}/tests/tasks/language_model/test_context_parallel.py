@@ -16,7 +16,9 @@ from helpers import (
     RECIPES,
     TINY,
     assert_same_losses,
+    assert_same_weights,
     fail_with,
+    final_weights,
     losses_by_run,
     read_csv_metrics,
     run_cli,
@@ -125,6 +127,26 @@ def test_context_parallel_sizes_that_cannot_split_are_refused_in_one_line(
     assert message in fail_with(argv, capsys)
 
 
+def trains_as_whole_sequences(tmp_path: Path, shared: list[str], split: list[str], validations: int) -> None:
+    """`shared` (a `train` command line of 4 steps) run split (`split`: its overrides, one data-parallel rank) in
+    `split/` and on 1 process on whole sequences in `whole/`, the same samples: the same losses (1e-5), and the same
+    `validations` validation losses."""
+    whole = ["--devices", "1", "--strategy.fsdp2.context_parallel_size", "1"]
+    runs = {"split": split, "whole": whole}
+    for name, overrides in runs.items():
+        result = run_cli(*shared, *overrides, "--out_dir", str(tmp_path / name))
+        assert result.returncode == 0, result.stderr[-3000:]
+    losses = {name: train_losses(tmp_path / name) for name in runs}
+    assert sorted(losses["whole"]) == [1, 2, 3, 4]
+    assert_same_losses(losses["split"], losses["whole"], tolerance=1e-5)
+    validation = {
+        name: [float(row["val/loss"]) for row in read_csv_metrics(tmp_path / name) if row.get("val/loss")]
+        for name in runs
+    }
+    assert len(validation["whole"]) == validations
+    assert validation["split"] == pytest.approx(validation["whole"], abs=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "data",
@@ -138,26 +160,13 @@ def test_context_parallel_over_2_processes_trains_as_one_process_on_whole_sequen
     data: list[str], tmp_path: Path
 ) -> None:
     shared = [
-        "--config", str(CP_RECIPE), *TINY, "--model.n_kv_head", "1", "--train.micro_batch_size", "4",
+        "train", "--config", str(CP_RECIPE), *TINY, "--model.n_kv_head", "1", "--train.micro_batch_size", "4",
         "--train.max_steps", "4", "--eval.every_steps", "4", "--checkpoint.save_every_steps", "0",
         "--checkpoint.resume", "null", "--logger.name", "csv", *data,
     ]  # fmt: skip
-    # cp: 2 processes, each half of every sequence of the same samples; whole: 1 process on whole sequences, the
-    # same samples (one data-parallel rank, as the cp group is one).
-    whole = ["--devices", "1", "--strategy.fsdp2.context_parallel_size", "1"]
-    runs = {"cp": ["--out_dir", str(tmp_path / "cp")], "whole": ["--out_dir", str(tmp_path / "whole"), *whole]}
-    for overrides in runs.values():
-        result = run_cli("train", *shared, *overrides)
-        assert result.returncode == 0, result.stderr[-3000:]
-    losses = {name: train_losses(tmp_path / name) for name in runs}
-    assert sorted(losses["whole"]) == [1, 2, 3, 4]
-    assert_same_losses(losses["cp"], losses["whole"], tolerance=1e-5)
-    validation = {
-        name: [float(row["val/loss"]) for row in read_csv_metrics(tmp_path / name) if row.get("val/loss")]
-        for name in runs
-    }
-    assert len(validation["whole"]) == 1
-    assert validation["cp"] == pytest.approx(validation["whole"], abs=1e-5)
+    # split: 2 processes, each half of every sequence of the same samples (one data-parallel rank, as the cp group
+    # is one).
+    trains_as_whole_sequences(tmp_path, shared, [], validations=1)
 
 
 def degree_args(out_dir: Path, degree: int, steps: int) -> list[str]:
@@ -168,6 +177,24 @@ def degree_args(out_dir: Path, degree: int, steps: int) -> list[str]:
         "--devices", str(degree), "--strategy.fsdp2.context_parallel_size", str(degree), "--logger.name", "csv",
         "--train.max_steps", str(steps), "--eval.every_steps", "0", "--checkpoint.save_every_steps", "3",
     ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_run_killed_under_context_parallel_resumes_bitwise(tmp_path: Path) -> None:
+    """cp=2 SIGKILLed after step 4 (the checkpoint of step 3 on disk) and resumed at the same degree: the steps it
+    redoes and the rest are the uninterrupted run's, losses compared exactly, and so are its final weights."""
+    reference = tmp_path / "reference"
+    assert run_cli(*degree_args(reference, 2, 5)).returncode == 0
+    (expected,) = losses_by_run(reference)
+    killed = tmp_path / "killed"
+    assert run_cli(*degree_args(killed, 2, 5), fault="kill-at-step:4").returncode == -signal.SIGKILL
+    resumed = run_cli(*degree_args(killed, 2, 5))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    before_kill, after_resume = losses_by_run(killed)
+    assert max(before_kill) == 4 and after_resume.keys() == {4, 5}
+    assert before_kill == {step: expected[step] for step in before_kill}  # bitwise: floats compared exactly
+    assert after_resume == {step: expected[step] for step in (4, 5)}
+    assert_same_weights(final_weights(killed, 5), final_weights(reference, 5))
 
 
 @pytest.mark.slow
@@ -244,17 +271,7 @@ def test_context_parallel_x_tensor_parallel_over_4_processes_trains_as_one_proce
         "--checkpoint.save_every_steps", "0", "--checkpoint.resume", "null", "--logger.name", "csv",
     ]  # fmt: skip
     split = ["--devices", "4", "--strategy.fsdp2.tensor_parallel_size", "2"]
-    whole = ["--devices", "1", "--strategy.fsdp2.context_parallel_size", "1"]
-    runs = {
-        "split": ["--out_dir", str(tmp_path / "split"), *split],
-        "whole": ["--out_dir", str(tmp_path / "whole"), *whole],
-    }
-    for overrides in runs.values():
-        result = run_cli(*shared, *overrides)
-        assert result.returncode == 0, result.stderr[-3000:]
-    losses = {name: train_losses(tmp_path / name) for name in runs}
-    assert sorted(losses["whole"]) == [1, 2, 3, 4]
-    assert_same_losses(losses["split"], losses["whole"], tolerance=1e-5)
+    trains_as_whole_sequences(tmp_path, shared, split, validations=0)
 
 
 @pytest.mark.slow
@@ -271,23 +288,7 @@ def test_context_parallel_x_pipeline_over_4_processes_trains_as_one_process_on_w
     ]  # fmt: skip
     split = ["--devices", "4", "--strategy.fsdp2.pipeline_parallel_size", "2",
              "--strategy.fsdp2.pipeline_microbatches", "2"]  # fmt: skip
-    whole = ["--devices", "1", "--strategy.fsdp2.context_parallel_size", "1"]
-    runs = {
-        "split": ["--out_dir", str(tmp_path / "split"), *split],
-        "whole": ["--out_dir", str(tmp_path / "whole"), *whole],
-    }
-    for overrides in runs.values():
-        result = run_cli(*shared, *overrides)
-        assert result.returncode == 0, result.stderr[-3000:]
-    losses = {name: train_losses(tmp_path / name) for name in runs}
-    assert sorted(losses["whole"]) == [1, 2, 3, 4]
-    assert_same_losses(losses["split"], losses["whole"], tolerance=1e-5)
-    validation = {
-        name: [float(row["val/loss"]) for row in read_csv_metrics(tmp_path / name) if row.get("val/loss")]
-        for name in runs
-    }
-    assert len(validation["whole"]) == 1
-    assert validation["split"] == pytest.approx(validation["whole"], abs=1e-5)
+    trains_as_whole_sequences(tmp_path, shared, split, validations=1)
 
 
 @pytest.mark.slow
