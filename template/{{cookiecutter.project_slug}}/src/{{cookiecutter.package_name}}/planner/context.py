@@ -58,6 +58,7 @@ class SequenceCost(Protocol):
 
     sequence_length: int
     n_layer: int
+    document_ids: bool  # each sample carries its positions' example ids (packed examples, document masks)
 
     @property
     def kv_width(self) -> int: ...
@@ -209,10 +210,15 @@ def describe(inputs: Inputs, option: PlanOption, micro_batch: int) -> str | None
 def context_collectives(cost: ModelCost, option: PlanOption, micro_batches: int) -> dict[str, int]:
     """The gathers of one optimizer step by the names `rehearse` counts: per layer and micro-batch an `allgather` of
     the keys and one of the values, both again when backward recomputes the attention (or its checkpointed block),
-    and in backward a `reduce_scatter` of each one's gradient."""
+    and in backward a `reduce_scatter` of each one's gradient; with example ids, one `allgather` of them per
+    micro-batch (for the mask; a few bytes a token, left out of the communication time)."""
     if option.context_parallel == 1:
         return {}
-    return {"allgather": 4 * cost.n_layer * micro_batches, "reduce_scatter": 2 * cost.n_layer * micro_batches}
+    documents = int(isinstance(cost, SequenceCost) and cost.document_ids)
+    return {
+        "allgather": (4 * cost.n_layer + documents) * micro_batches,
+        "reduce_scatter": 2 * cost.n_layer * micro_batches,
+    }
 
 
 def recipe_option(option: PlanOption, strategy: Any) -> PlanOption:

@@ -34,6 +34,16 @@ RECIPE_ONLY: list[tuple[str, list[str], str]] = [
     ("unknown data source", ["--data.source", "parquet"], "data.source: 'parquet' is not allowed"),
     ("unknown token type", ["--data.token_dtype", "int8"], "data.token_dtype: 'int8' is not allowed"),
     (
+        "document mask on sft examples",
+        ["--data.format", "sft", "--data.document_mask", "true"],
+        "data.document_mask=true applies to data.format=stream (data.format=sft keeps its examples apart already",
+    ),
+    (
+        "document mask without an end-of-document token",
+        ["--data.source", "tokens", "--data.path", "tokens.bin", "--data.document_mask", "true"],
+        "data.document_mask=true needs an end-of-document token: data.source=tokens names none",
+    ),
+    (
         "expert parallel without experts",
         ["--strategy.fsdp2.expert_parallel_size", "2"],
         "strategy.fsdp2.expert_parallel_size=2: task=language_model's model has no experts to split (set it to 1)",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from helpers import (
     RECIPES,
     TINY,
@@ -25,6 +26,7 @@ from helpers import (
     run_nodes,
     train_losses,
 )
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from {{ cookiecutter.package_name }}.recipe.load import load_recipe, parse_recipe
 from {{ cookiecutter.package_name }}.strategies import strategy_for
@@ -55,6 +57,19 @@ class SimulatedShard(SequenceShard):
         return torch.cat(parts, dim)
 
 
+class LargestTensor(TorchDispatchMode):
+    """The most elements of any tensor an operation makes while the mode is on."""
+
+    numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        result = func(*args, **(kwargs or {}))
+        for tensor in pytree.tree_leaves(result):
+            if isinstance(tensor, torch.Tensor):
+                self.numel = max(self.numel, tensor.numel())
+        return result
+
+
 @pytest.mark.parametrize("packed", [False, True])
 def test_attention_over_the_gathered_keys_gives_each_ranks_part_of_the_whole_sequences_output(packed: bool) -> None:
     torch.manual_seed(0)
@@ -71,9 +86,10 @@ def test_attention_over_the_gathered_keys_gives_each_ranks_part_of_the_whole_seq
         shard = SimulatedShard(None, rank, size, wholes=wholes)
         own = chunk_positions(time, rank, size)
         part_documents = None if documents is None else shard.split(documents)
-        with sharding(shard):
+        with sharding(shard), LargestTensor() as made:
             layout = split_attention(time // size, part_documents, q.device)
         assert layout is not None
+        assert made.numel <= batch * (time // size) * time  # its rows of the mask, never the whole (time x time)
         mask, positions = layout
         keys, values = shard.gather(k, 2), SimulatedShard(None, rank, size, wholes=(v,)).gather(v, 2)
         part = F.scaled_dot_product_attention(shard.split(q, 2), keys, values, attn_mask=mask)
@@ -152,6 +168,8 @@ def trains_as_whole_sequences(tmp_path: Path, shared: list[str], split: list[str
     "data",
     [
         pytest.param([], id="causal"),
+        # Pretraining with document masking: the demo text's sentences attend only to themselves, across the parts.
+        pytest.param(["--data.document_mask", "true"], id="document-mask"),
         # Packed chat examples: block-diagonal masks across the parts, replies counted unevenly by the two ranks.
         pytest.param(["--data.format", "sft", "--data.packing", "true"], id="packed-sft", marks=pytest.mark.matrix),
     ],

@@ -10,10 +10,13 @@ import torch
 
 from {{ cookiecutter.package_name }}.data.sampler import TrainBatches, validation_batches
 from {{ cookiecutter.package_name }}.errors import RecipeError
-from {{ cookiecutter.package_name }}.tasks.language_model.config import DataConfig
+from {{ cookiecutter.package_name }}.tasks.base import batch_loss
+from {{ cookiecutter.package_name }}.tasks.language_model.config import DataConfig, LanguageModelRecipe, ModelConfig
 from {{ cookiecutter.package_name }}.tasks.language_model.data import load_tokens, make_demo_text, split_tokens
 from {{ cookiecutter.package_name }}.tasks.language_model.data.prepared import ShardedTokens
-from {{ cookiecutter.package_name }}.tasks.language_model.data.windows import TokenWindows
+from {{ cookiecutter.package_name }}.tasks.language_model.data.windows import TokenWindows, document_ids
+from {{ cookiecutter.package_name }}.tasks.language_model.families import build_model
+from {{ cookiecutter.package_name }}.tasks.language_model.task import LanguageModel
 
 TOKENS = np.arange(10_000, dtype=np.int64) % 251
 
@@ -200,3 +203,38 @@ def test_block_shuffle_tells_the_samples_which_shards_come_next() -> None:
         assert shards <= set(told[-1])  # told before the step read them
     # Told once a group (~25 steps), each time this group's shards and the next group's: at most 2 x 2 x 2.
     assert 5 < len(told) < 20 and all(len(shards) <= 8 for shards in told)
+
+
+# --- data.document_mask: a stream's documents attend only to themselves -------------------------------------
+
+
+def test_an_end_of_document_token_belongs_to_the_document_it_ends() -> None:
+    inputs = np.array([[5, 10, 7, 10, 10, 3], [10, 1, 2, 3, 4, 5]])
+    assert document_ids(inputs, end=10).tolist() == [[0, 0, 1, 1, 2, 3], [0, 1, 1, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_under_document_mask_each_sentence_of_the_demo_text_is_predicted_as_if_it_were_alone(arch: str) -> None:
+    """The embedded corpus's documents are its lines. A window's batch carries their ids, the task hands them to the
+    model, and a sentence's logits in the window are its logits alone in a row (its positions start at 0);
+    without the mask they are not."""
+    torch.manual_seed(0)
+    model_config = ModelConfig(arch=arch, vocab_size=256, block_size=96, n_layer=2, n_head=2, n_embd=32)
+    task = LanguageModel(LanguageModelRecipe(model=model_config, data=DataConfig(document_mask=True)))
+    task.check()
+    batch = task.datasets().train.batch([3])
+    inputs, documents = task.split_batch(batch)[0]
+    tokens = inputs[0].tolist()
+    ends = [i for i, token in enumerate(tokens) if token == ord("\n")]
+    assert len(ends) >= 2 and torch.equal(documents[0], torch.as_tensor(document_ids(inputs.numpy(), ord("\n"))[0]))
+    start, stop = ends[0] + 1, ends[1] + 1  # the first whole sentence, with its newline
+    model = build_model(model_config).eval()
+    with torch.no_grad():
+        in_window = model(inputs, documents=documents)[0, start:stop]
+        alone = model(inputs[:, start:stop])[0]
+        plain = model(inputs)[0, start:stop]
+        masked_loss = batch_loss(task, model, batch).task_loss
+        plain_loss = batch_loss(LanguageModel(LanguageModelRecipe(model=model_config)), model, batch[:2]).task_loss
+    torch.testing.assert_close(in_window, alone, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(plain, alone, atol=1e-3)  # plain causal attention sees the sentences before it
+    assert not torch.isclose(masked_loss, plain_loss)

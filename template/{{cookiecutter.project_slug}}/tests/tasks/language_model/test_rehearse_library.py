@@ -54,7 +54,9 @@ def test_a_long_sequence_under_context_parallel_holds_its_mask_once_as_planned()
     """The 128K recipe's layout (cp=4 of 16 ranks, bf16-mixed, checkpointed) at 64K tokens and 8 layers, where the
     mask from a rank's 16K queries to the 64K keys is the largest activation: boolean, made once for every layer and
     converted only inside the attention, not copied at each block (a float32 mask passed to the blocks was cast to
-    bf16 by fully_shard at every block and each copy kept: 1.42 of plan's peak)."""
+    bf16 by fully_shard at every block and each copy kept: 1.42 of plan's peak). The recipe masks documents: a rank
+    makes only its queries' rows of the mask (the whole sequence's, 64K x 64K, was formed and sliced), and gathers the
+    example ids once a micro-batch, which plan counts."""
     assert_as_planned(rehearsed(LONG_CONTEXT[0], [0, 15], *LONG_CONTEXT[1:]))
 
 
@@ -62,9 +64,11 @@ def test_a_long_sequence_under_context_parallel_holds_its_mask_once_as_planned()
 def test_context_parallel_under_a_pipeline_rehearses_within_each_pipeline_ranks_plan() -> None:
     """The same at pp=2 x cp=4: each stage's ranks hold their blocks' states as plan sizes that rank, to the byte; the
     first rank peaks within 10% of its figure and the last below its (plan bounds the last stage's logits by a whole
-    piece's, as for any 1F1B pipeline: docs/strategies.md); the stages exchange a rank's 1/4 of each piece."""
+    piece's, as for any 1F1B pipeline: docs/strategies.md); the stages exchange a rank's 1/4 of each piece. Without
+    the recipe's document mask: a pipeline passes no example ids between its stages yet."""
     layout = ["--strategy.fsdp2.pipeline_parallel_size", "2", "--strategy.fsdp2.pipeline_microbatches", "2",
-              "--train.micro_batch_size", "2", "--train.grad_accum_steps", "8"]  # fmt: skip
+              "--train.micro_batch_size", "2", "--train.grad_accum_steps", "8",
+              "--data.document_mask", "false"]  # fmt: skip
     first, last = rehearsed(LONG_CONTEXT[0], [0, 15], *LONG_CONTEXT[1:], *layout)["ranks"]
     assert (first["mesh"]["pipeline"], last["mesh"]["pipeline"], last["mesh"]["context_parallel"]) == (0, 1, 3)
     for rank in (first, last):

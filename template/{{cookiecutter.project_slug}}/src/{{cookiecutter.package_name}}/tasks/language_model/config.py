@@ -173,6 +173,12 @@ class DataConfig:
             embedded, the demo conversations). data/sft.py.
         packing: sft only: several examples fill one sequence, each attending only to itself (true),
             or one example per sequence, padded (false). Either way the loss is the same.
+        document_mask: stream only: each token attends only to the earlier tokens of its own document, its
+            rotary positions counted from the document's start, as packed sft examples do (false: a window is one
+            sequence, attending across the documents it holds). A document ends at the end-of-document token: a
+            prepared folder's (its manifest's eos_id), a newline for the byte-level sources (embedded, text). The
+            same mask path as packed sft, so it runs under context parallel; data.source=tokens names no such
+            token and is refused.
     """
 
     source: Literal["embedded", "text", "tokens", "prepared"] = "embedded"
@@ -185,6 +191,7 @@ class DataConfig:
     cache_gb: float = field(default=50.0, metadata=bounds(above=0))
     format: Literal["stream", "sft"] = "stream"
     packing: bool = True
+    document_mask: bool = False
 
 
 @dataclass

@@ -78,6 +78,7 @@ class Shape:
     experts_per_token: int = 0  # top_k
     expert_hidden: int = 0  # hidden width of each expert's SwiGLU
     shared_hidden: int = 0  # total hidden width of the shared experts
+    document_ids: bool = False  # a sample carries each position's example id (packed sft, data.document_mask)
 
     def active_parameters(self) -> int:
         """Parameters one token passes through: all but the routed experts it is not sent to."""

@@ -83,6 +83,16 @@ class LanguageModel(Task):
             )
         if data.format != "sft" and not data.packing:
             raise RecipeError("data.packing=false applies to data.format=sft only (remove it)")
+        if data.document_mask and data.format != "stream":
+            raise RecipeError(
+                f"data.document_mask=true applies to data.format=stream (data.format={data.format} keeps its"
+                " examples apart already: remove it)"
+            )
+        if data.document_mask and data.source == "tokens":
+            raise RecipeError(
+                "data.document_mask=true needs an end-of-document token: data.source=tokens names none (use"
+                " data.source=prepared, whose manifest states it, or set data.document_mask=false)"
+            )
         if data.source in ("embedded", "text") and model.vocab_size < 256:
             raise RecipeError(
                 f"model.vocab_size={model.vocab_size} is too small for data.source={data.source}"
@@ -121,9 +131,13 @@ class LanguageModel(Task):
         return self.recipe.model.block_size
 
     def model_cost(self) -> ModelCost:
+        import dataclasses
+
         from .sizing import model_shape
 
-        return model_shape(self.recipe.model)
+        data = self.recipe.data
+        documents = (data.format == "sft" and data.packing) or data.document_mask
+        return dataclasses.replace(model_shape(self.recipe.model), document_ids=documents)
 
     def trained_parameters(self) -> int | None:
         from .lora import adapter_parameters
@@ -174,15 +188,18 @@ class LanguageModel(Task):
 
     def datasets(self) -> Splits:
         from .data import load_splits
+        from .data.sources import document_end
         from .data.windows import TokenWindows
 
-        if self.recipe.data.format == "sft":
+        data = self.recipe.data
+        if data.format == "sft":
             return self._example_datasets()
-        train, validation = load_splits(self.recipe.data, self.recipe.model)
+        train, validation = load_splits(data, self.recipe.model)
         block_size = self.recipe.model.block_size
         # Prepared shards are read in the shard-block order (data/sampler.py); the other sources keep a full shuffle.
-        blocks = self.recipe.data.shuffle_blocks if self.recipe.data.source == "prepared" else None
-        return Splits(TokenWindows(train, block_size, blocks), TokenWindows(validation, block_size))
+        blocks = data.shuffle_blocks if data.source == "prepared" else None
+        end = document_end(data) if data.document_mask else None
+        return Splits(TokenWindows(train, block_size, blocks, end), TokenWindows(validation, block_size, None, end))
 
     def _example_datasets(self) -> Splits:
         """data.format=sft: chat examples in sequences of block_size, packed or one a sequence (data/sft.py)."""
@@ -200,19 +217,21 @@ class LanguageModel(Task):
         return splits
 
     def example_batch(self, micro_batch_size: int) -> Any:
-        """Token ids and next-token targets of `block_size`, with each position's example id when sft packs them."""
+        """Token ids and next-token targets of `block_size`, with each position's example (document) id when sft packs
+        them or data.document_mask is set."""
         import torch
 
         shape, vocab = (micro_batch_size, self.recipe.model.block_size), self.recipe.model.vocab_size
         tokens, targets = torch.randint(0, vocab, shape), torch.randint(0, vocab, shape)
         data = self.recipe.data
-        if data.format == "sft" and data.packing:
+        if (data.format == "sft" and data.packing) or data.document_mask:
             return tokens, targets, torch.zeros(shape, dtype=torch.long)
         return tokens, targets
 
     def split_batch(self, batch: Any) -> tuple[Inputs, torch.Tensor]:
-        """A stream batch is (inputs, targets). An sft batch adds, when packed, each position's example id: the model
-        is called with it (`model(inputs, documents)`) and attends within an example."""
+        """A stream batch is (inputs, targets). An sft batch adds, when packed, each position's example id, and a
+        stream's under data.document_mask its document id: the model is called with it (`model(inputs, documents)`)
+        and attends within an example."""
         inputs, targets, *documents = batch
         return ((inputs, documents[0]) if documents else inputs), targets
 
@@ -244,6 +263,7 @@ class LanguageModel(Task):
         recipe = self.recipe
         unsupported = {
             "data.format=sft": recipe.data.format == "sft",
+            "data.document_mask=true": recipe.data.document_mask,
             f"lora.rank={recipe.lora.rank}": bool(recipe.lora.rank),
             f"eval.tasks={recipe.eval.tasks}": bool(recipe.eval.tasks),
             f"model.moe.num_experts={recipe.model.moe.num_experts} (it comes with expert parallelism)": bool(

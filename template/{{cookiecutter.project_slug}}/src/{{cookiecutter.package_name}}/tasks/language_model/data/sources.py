@@ -128,6 +128,16 @@ def load_example_splits(config: DataConfig, model: ModelConfig) -> tuple[Example
     return open_examples(folder, manifest, tokens).split(manifest["validation"]["first_example"])
 
 
+def document_end(config: DataConfig) -> int:
+    """The token that ends a document (data.document_mask): a prepared folder's end-of-document id, a newline for
+    the byte-level sources. data.source=tokens names none (the task's checks refuse it before this)."""
+    if config.source in ("embedded", "text"):
+        return ord("\n")
+    if config.source == "prepared":
+        return int(prepared_tokenizer(config)[1]["tokenizer"]["eos_id"])
+    raise RecipeError(f"data.document_mask=true: data.source={config.source} has no end-of-document token")
+
+
 def cache_folder(config: DataConfig) -> Path:
     """The node-local cache of a remote prepared folder: data.cache_dir, or one under $TMPDIR named by the URL."""
     if config.cache_dir:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ....strategies.context_parallel import active
-from .documents import example_attention
+from .documents import example_mask, example_positions
 
 
 def split_attention(
@@ -38,9 +38,9 @@ def split_attention(
     own, keys = shard.positions(time, device), shard.gathered_positions(time, device)
     if documents is None:
         return own[:, None] >= keys[None, :], own
-    whole = shard.gather(documents, dim=1)[:, torch.argsort(keys)]  # every example id, in sequence order
-    mask, positions = example_attention(whole)
-    return mask[:, :, own][:, :, :, keys], positions[:, own]
+    gathered = shard.gather(documents, dim=1)  # every example id, in `keys`' order
+    whole = gathered[:, torch.argsort(keys)]  # and in sequence order
+    return example_mask(whole[:, own], gathered, own, keys), example_positions(whole)[:, own]
 
 
 def gathered_keys(key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,11 +14,26 @@ def example_attention(documents: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     """(mask, positions) for example ids of shape (batch, time): the boolean mask, (batch, 1, time, time), is True
     where a query may attend to a key (an earlier or the same position of its own example); positions restart at
     0 where each example starts."""
-    time = documents.shape[1]
-    same_example = documents[:, :, None] == documents[:, None, :]
-    causal = torch.ones(time, time, dtype=torch.bool, device=documents.device).tril()
-    index = torch.arange(time, device=documents.device).expand_as(documents)
+    index = torch.arange(documents.shape[1], device=documents.device)
+    return example_mask(documents, documents, index, index), example_positions(documents)
+
+
+def example_mask(
+    queries: torch.Tensor, keys: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
+) -> torch.Tensor:
+    """The boolean mask, (batch, 1, queries, keys), from queries to keys with example ids `queries` (batch, q) and
+    `keys` (batch, k) at sequence positions `query_positions` (q,) and `key_positions` (k,): True where the key is
+    of the query's example and not after it. Only these rows are made (a context-parallel rank's part of a long
+    sequence never forms the whole sequence's)."""
+    mask = queries[:, :, None] == keys[:, None, :]
+    mask &= query_positions[:, None] >= key_positions[None, :]
+    return mask[:, None]
+
+
+def example_positions(documents: torch.Tensor) -> torch.Tensor:
+    """Each position's offset from the start of its example, (batch, time)."""
+    index = torch.arange(documents.shape[1], device=documents.device).expand_as(documents)
     starts = torch.ones_like(documents, dtype=torch.bool)
     starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
     first = torch.where(starts, index, 0).cummax(dim=1).values  # where each position's example starts
-    return (same_example & causal)[:, None], index - first
+    return index - first
