@@ -21,6 +21,7 @@ from jsonargparse import ArgumentParser
 
 from ..errors import RecipeError
 from ..planner.device import plan_device
+from ..recipe.checks import check_package
 from ..recipe.library import find_recipe
 from ..recipe.load import parse_recipe, split_command_line
 from ..recipe.schema import Recipe
@@ -51,10 +52,12 @@ def add_arguments(parser: ArgumentParser, prog: str) -> None:
 
 
 def check_rehearsable(recipe: Recipe) -> None:
-    """Refuse, in one line, a recipe whose run cannot be built on the CPU's fake tensors."""
-    problem = strategy_for(recipe).rehearsal_problem()
-    if problem:
+    """Refuse, in one line, a recipe whose run cannot be built on the CPU's fake tensors, or without a package it
+    needs (float8's torchao)."""
+    strategy = strategy_for(recipe)
+    if problem := strategy.rehearsal_problem():
         raise RecipeError(problem)
+    check_package(strategy.gpu_requirement())
 
 
 def default_ranks(recipe: Recipe) -> list[int]:
@@ -171,10 +174,12 @@ def planned(recipe: Recipe, device: Device, pipeline_rank: int | None = None) ->
         collectives["allreduce"] = (
             collectives.get("allreduce", 0) + 1 + (tensor_parallel if option.tensor_parallel > 1 else 0) + replicated
         )
+    # A count scaled by a float ratio (LoRA's adapters beside the model) carries float noise (4e-6 of a byte), which
+    # rounding drops; an even share of the bytes may be a fraction of one (plan spreads them evenly).
     return {
-        "parameters_bytes": states.parameters,
-        "gradients_bytes": states.gradients,
-        "optimizer_bytes": states.optimizer,
+        "parameters_bytes": round(states.parameters, 3),
+        "gradients_bytes": round(states.gradients, 3),
+        "optimizer_bytes": round(states.optimizer, 3),
         "peak_bytes": states.total + result.runtime_extra + activations,
         "collectives": collectives,
     }

@@ -109,8 +109,14 @@ def quickest_degree(cheapest: Any, fitting: list[Any]) -> Any:
     def plain(option: PlanOption) -> PlanOption:
         return dataclasses.replace(option, name="", why="", context_parallel=1)
 
-    same = [e for e in fitting if e.candidate.option.context_parallel > 1 and e.step_seconds is not None]
-    return min([e for e in same if plain(e.candidate.option) == plain(option)], key=lambda e: e.step_seconds)
+    same = [
+        e
+        for e in fitting
+        if e.candidate.option.context_parallel > 1
+        and e.step_seconds is not None
+        and plain(e.candidate.option) == plain(option)
+    ]
+    return min(same, key=lambda e: e.step_seconds)
 
 
 def base_name(option: PlanOption) -> str:

@@ -11,6 +11,7 @@ import importlib.util
 import netrc
 import os
 from pathlib import Path
+from typing import Any
 
 from ..errors import RecipeError
 from ..precision import BF16_CAPABILITY, GPU_ONLY
@@ -161,6 +162,12 @@ def check_hardware(
         raise RecipeError(
             f"{requirement.field} needs compute capability {needed}+ (H100, L4, ...); this GPU has {version}"
         )
+    check_package(requirement)
+
+
+def check_package(requirement: Any) -> None:
+    """The package a strategy's option needs (`gpu_requirement()`'s: torchao for float8) is installed, or one line
+    naming its extra."""
     if requirement is not None and requirement.package and importlib.util.find_spec(requirement.package) is None:
         install = (
             f"pip install -e '.[{requirement.extra}]'" if requirement.extra else f"pip install {requirement.package}"
