@@ -44,6 +44,13 @@ class PlanSizes:
     precision: str
     data_parallel: int  # ranks the model states are sharded over
     trained: float = 1.0  # the share of the parameters that train (adapters: a small one), the rest frozen
+    apart: float = 0.0  # of one layer, what the rank never gathers (other groups' experts): layer + apart is all of it
+
+    @property
+    def gathered_blocks(self) -> float:
+        """Parameters of the rank's blocks it gathers: all but the root, less the experts of other groups."""
+        blocks = self.parameters - self.root
+        return blocks * self.layer / (self.layer + self.apart) if self.apart else blocks
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,7 @@ def estimate(
         local = pipeline.layers * layer + (root := pipeline.ends * scale)  # its blocks and its end, if any
     paper = zero_model_states(local, precision, option.stage, data_parallel, inputs.trained)
     apart = experts.not_gathered(cost, option, data_parallel) * scale  # expert parallel: experts a rank never gathers
-    sizes = PlanSizes(local, layer - apart, root, precision, data_parallel, inputs.trained)
+    sizes = PlanSizes(local, layer - apart, root, precision, data_parallel, inputs.trained, apart)
     extra = candidate.strategy.plan_runtime_terms(option, sizes)
     offloaded = 0.0
     if option.offload != "none":  # the states (and what lives with the optimizer) leave the GPU, per node

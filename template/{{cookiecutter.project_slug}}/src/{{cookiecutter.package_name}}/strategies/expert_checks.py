@@ -2,8 +2,9 @@
 
 Expert parallelism splits each mixture-of-experts layer's experts over groups of data-parallel ranks (fully_shard.py
 builds the mesh): the degree divides the data-parallel ranks (with context parallel, the data x context ranks; under
-hsdp those of a replica group, a node: the all-to-alls stay inside it) and the experts, and composes with fsdp2's
-and hsdp's sharding and with context parallel (tensor parallel and pipeline stages keep the experts whole).
+hsdp those of a replica group, a node: the all-to-alls stay inside it; under a pipeline those of a stage) and the
+experts, and composes with fsdp2's and hsdp's sharding, context parallel and the pipeline (not yet with tensor
+parallel).
 Checked before any process starts, each refusal one line naming the field and what is allowed.
 """
 
@@ -30,19 +31,20 @@ def check_expert_parallel(strategy: Any) -> None:
     dimensions: dict[str, int] = strategy.task.expert_parallel_dimensions()
     if not dimensions:
         raise RecipeError(f"{field}: task={strategy.recipe.task}'s model has no experts to split (set it to 1)")
-    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-        if (other := getattr(options, name)) > 1:
-            raise RecipeError(
-                f"{field} does not compose with {field_path(Fsdp2Options, name)}={other} yet (set one of them to 1)"
-            )
+    if (other := options.tensor_parallel_size) > 1:
+        name = field_path(Fsdp2Options, "tensor_parallel_size")
+        raise RecipeError(f"{field} does not compose with {name}={other} yet (set one of them to 1)")
     # Under context parallel the ranks of a group hold different tokens of the same samples: the experts are split
     # over the data x context ranks (those fully_shard shards over), the group's tokens among them.
+    # Under a pipeline, each stage's ranks split its layers' experts.
     data_parallel = strategy.data_parallel_size() * options.context_parallel_size
-    ranks = "data-parallel ranks (devices x num_nodes"
+    stages = strategy.pipeline_parallel_size
+    world = "devices x num_nodes" + (f" / {stages} pipeline stages" if stages > 1 else "")
+    ranks = f"data-parallel ranks ({world}"
     if options.context_parallel_size > 1:
-        ranks = "data x context-parallel ranks (devices x num_nodes"
+        ranks = f"data x context-parallel ranks ({world}"
     if strategy.hybrid:  # the experts are split inside a replica group, a node
-        data_parallel //= strategy.recipe.num_nodes
+        data_parallel //= strategy.recipe.num_nodes // stages
         ranks = f"ranks of a node (strategy.name={strategy.name} replicates the experts across nodes"
     if data_parallel % size:
         raise RecipeError(f"{field} does not divide the {data_parallel} {ranks}; choose {divisors(data_parallel)})")

@@ -162,7 +162,7 @@ class FSDP2(TrainingStrategy):
             stage=3,
             why=f"the parameters must be sharded too (1.5x ddp's communication); {self.name} is the default for that",
             comm_vs_ddp=1.5,
-            splits_experts=True,  # expert_checks.py: without tensor or pipeline parallel
+            splits_experts=True,  # plan offers it here; a recipe may add a pipeline (expert_checks.py)
             **BF16_POLICY,
         )
         # Blocks split into stages across nodes (activations cross the slow links, not parameters), each stage
@@ -223,8 +223,8 @@ class FSDP2(TrainingStrategy):
             # torch's pipeline stages keep each block gathered after its backward and accumulate its gradient
             # unsharded (in fp32 under bf16-mixed, fully_shard's reduce dtype) until the step's last piece, when the
             # schedule reduces them: at the peak the stage holds all of its blocks so, and its root's gradient too
-            # beside each piece's own (rehearsed: Llama-70B's embedding, 5.9 GiB on the first stage).
-            blocks, summed = sizes.parameters - sizes.root, 4 if sixteen_bit else weight
+            # beside each piece's own (rehearsed: Llama-70B's embedding, 5.9 GiB on the first stage); experts: its own.
+            blocks, summed = sizes.gathered_blocks, 4 if sixteen_bit else weight
             return [
                 PlanTerm("the stage's blocks, gathered until the step's last backward", weight * blocks),
                 PlanTerm("their unsharded gradients, summed over the pieces", summed * blocks * sizes.trained),

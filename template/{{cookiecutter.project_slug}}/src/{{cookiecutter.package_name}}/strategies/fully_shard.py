@@ -183,7 +183,7 @@ def shard_model(
     )
     if options is not None and options.expert_parallel_size > 1:
         sharding = dict(reshard_after_forward=not keep, offload_policy=policy, mp_policy=mixed)
-        shard_experts(model, data_mesh, options.expert_parallel_size, **sharding)
+        shard_experts(model, data_mesh, options.expert_parallel_size, options.pipeline_parallel_size, **sharding)
     for block in model.blocks:
         fully_shard(block, mesh=data_mesh, reshard_after_forward=not keep, offload_policy=policy, mp_policy=mixed)
     # The root is gathered for the whole step anyway; keeping it unsharded after forward saves
@@ -194,16 +194,17 @@ def shard_model(
     return model
 
 
-def shard_experts(model: Any, data_mesh: DeviceMesh, degree: int, **sharding: Any) -> None:
+def shard_experts(model: Any, data_mesh: DeviceMesh, degree: int, stages: int = 1, **sharding: Any) -> None:
     """Expert parallelism over the data-parallel ranks as (replicate, expert_shard, expert): each group of `degree`
     neighbouring ranks splits every mixture-of-experts layer's experts by expert (the layer's `parallelize_experts`),
     and the ranks holding the same experts shard them further with fully_shard (torchtitan's dp_shard_in_ep). Under
     hsdp (`data_mesh` 2-D, (replicate, shard)) the groups lie inside a replica group, a node, so the all-to-alls stay
     on its links, and the experts are replicated across the replica groups as every other parameter (fully_shard on
-    (replicate, expert_shard)). The blocks' fully_shard then leaves the experts to theirs."""
+    (replicate, expert_shard)). Under a pipeline of `stages` (the mesh's outermost dimension) each stage's ranks do
+    the same for the stage's layers. The blocks' fully_shard then leaves the experts to theirs."""
     ranks = data_mesh.size()
     replicas = data_mesh.size(0) if data_mesh.ndim == 2 else 1
-    dims = {"replicate": replicas, "expert_shard": ranks // replicas // degree, "expert": degree}
+    dims = {"pipeline": stages, "replicate": replicas, "expert_shard": ranks // replicas // degree, "expert": degree}
     mesh = init_device_mesh(data_mesh.device_type, tuple(dims.values()), mesh_dim_names=tuple(dims))
     holders = mesh["replicate", "expert_shard"] if replicas > 1 else mesh["expert_shard"]
     for module in list(model.modules()):

@@ -80,6 +80,42 @@ class PipelineRank(nn.Module):
     def forward(self, *args: Any) -> Any:
         raise RuntimeError("a pipeline-parallel model runs through its schedule (strategy.forward_backward)")
 
+    def step_statistics(self) -> torch.Tensor | None:
+        """The stages' step statistics (the model contract's, tasks/base.py), summed: each fills the rows of its own
+        layers, so summed over the ranks they hold every stage's."""
+        held = [
+            statistics
+            for stage in self.stages
+            if callable(own := getattr(stage, "step_statistics", None)) and (statistics := own()) is not None
+        ]
+        return torch.stack(held).sum(dim=0) if held else None
+
+    def end_step(self, summed: torch.Tensor, updated: bool) -> dict[str, torch.Tensor]:
+        """Each stage's own end of the step (its layers' updates) from the statistics summed over the ranks; the
+        figures they log, the same from every stage (they come from `summed`)."""
+        figures: dict[str, torch.Tensor] = {}
+        for stage in self.stages:
+            figures = stage.end_step(summed, updated)
+        return figures
+
+
+class AuxiliaryGradient(torch.autograd.Function):
+    """A stage's auxiliary loss, joined to the loss backward sees where the stage's output leaves it: forward returns
+    the output's values; backward passes its gradient on and gives the term a gradient of 1 (as Megatron's
+    MoEAuxLossAutoScaler does). The last stage's loss function never sees the other stages' terms. A copy, not the
+    output itself, which autograd would make a view of it (the zero-bubble schedules detach a stage's outputs in
+    place); the output is then freed, so a piece in flight holds one of them."""
+
+    @staticmethod
+    def forward(ctx: Any, output: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(term)
+        return output.clone()
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        (term,) = ctx.saved_tensors
+        return gradient, torch.ones_like(term)
+
 
 def block_ranges(split: Sequence[int]) -> list[range]:
     """The block indices of each stage, from blocks per stage."""
@@ -194,10 +230,15 @@ class Schedule:
         self.scale = 1.0
         self.adjust: Callable[[torch.Tensor], torch.Tensor] = lambda value: value
         self.measure: Callable[[torch.Tensor, torch.Tensor], None] | None = None  # set while validating
+        self.inferring = False  # while torch runs a stage on stand-in inputs to learn its outputs' shapes
         pipeline_stages = []
         for stage, index in zip(stages, indices, strict=True):
             inputs, outputs = shapes[index] if shapes else (None, None)
             pipeline_stages.append(PipelineStage(stage, index, num_stages, device, inputs, outputs, group=self.group))
+            # torch 2.13 runs every stage once before its first piece, on the first stage's real inputs and empty
+            # tensors elsewhere: not a training forward (its figures and auxiliary loss are not the step's).
+            if callable(inference := getattr(pipeline_stages[-1], "_forward_metadata_inference", None)):
+                pipeline_stages[-1]._forward_metadata_inference = self.inferring_while(inference)  # type: ignore[method-assign]
         schedule_class = get_schedule_class(schedule)
         # The loss below is already divided by the number of pieces: gradients are not scaled again.
         self.schedule = schedule_class(
@@ -207,6 +248,9 @@ class Schedule:
             scale_grads=False,
         )
         self.forward_only = forward_only_actions(self.schedule) if schedule in V_SCHEDULES else None
+        for stage in stages:  # a model with an auxiliary loss (tasks/base.py) adds its stages' terms where they run
+            if callable(getattr(stage, "auxiliary_loss", None)):
+                stage.register_forward_hook(self.add_auxiliary_loss)
         if shapes:
             # Before its first step each stage votes, over P2P, whether it was given its shapes; every stage was, so
             # the vote can only come out "static": set that, and the schedule runs with no exchange but the pieces'.
@@ -219,6 +263,32 @@ class Schedule:
             self.measure(outputs, targets)
             return outputs.new_zeros(())
         return self.adjust(self.loss(outputs, targets)) * self.scale
+
+    def inferring_while(self, run: Callable[..., Any]) -> Callable[..., Any]:
+        """`run` with `inferring` set while it runs."""
+
+        def inferring(*args: Any, **kwargs: Any) -> Any:
+            self.inferring = True
+            try:
+                return run(*args, **kwargs)
+            finally:
+                self.inferring = False
+
+        return inferring
+
+    def add_auxiliary_loss(self, stage: nn.Module, args: Any, output: Any) -> Any:
+        """After a stage's training forward of a piece: its auxiliary loss (the model's, which also records the
+        forward's figures), scaled as the piece's loss is, joined to the output's backward; nothing while
+        validating or while torch infers the stages' shapes."""
+        if self.measure is not None or self.inferring:
+            return None
+        term = stage.auxiliary_loss()  # type: ignore[operator]
+        if term is None:
+            return None
+        if isinstance(output, torch.Tensor):
+            return AuxiliaryGradient.apply(output, term * self.scale)
+        first = next(i for i, x in enumerate(output) if isinstance(x, torch.Tensor) and x.is_floating_point())
+        return (*output[:first], AuxiliaryGradient.apply(output[first], term * self.scale), *output[first + 1 :])
 
     def forward_backward(
         self, inputs: Any, targets: Any, accumulate: int, adjust: Callable[[torch.Tensor], torch.Tensor]

@@ -266,9 +266,6 @@ class LanguageModel(Task):
             "data.document_mask=true": recipe.data.document_mask,
             f"lora.rank={recipe.lora.rank}": bool(recipe.lora.rank),
             f"eval.tasks={recipe.eval.tasks}": bool(recipe.eval.tasks),
-            f"model.moe.num_experts={recipe.model.moe.num_experts} (it comes with expert parallelism)": bool(
-                recipe.model.moe.num_experts
-            ),
         }
         if fields := [field for field, applies in unsupported.items() if applies]:
             raise RecipeError(

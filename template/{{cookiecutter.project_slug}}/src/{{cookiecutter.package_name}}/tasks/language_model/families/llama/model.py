@@ -172,19 +172,21 @@ class Llama(nn.Module):
 
     def auxiliary_loss(self) -> torch.Tensor | None:
         """The auxiliary loss of the training forward just run: moe.aux_loss_weight x the MoE layers' mean balance
-        loss under load_balance=aux_loss, else None. It also adds that forward's figures to the step's: the
-        machinery calls it once after each training forward (tasks/base.py)."""
+        loss under load_balance=aux_loss, else None (a pipeline stage: its layers' share of that mean). It also adds
+        that forward's figures to the step's: the machinery calls it once after each training forward
+        (tasks/base.py; under a pipeline, after each stage's forward of a piece: strategies/pipeline.py)."""
         if not self.config.moe.num_experts:
             return None
-        if self.step_records is None:
-            self.step_records = StepRecords([m for m in self.modules() if isinstance(m, MoE)])
+        if self.step_records is None:  # the MoE layers by block index (`blocks.5.mlp`, wrapped or not)
+            layers = {int(name.split(".")[1]): m for name, m in self.named_modules() if isinstance(m, MoE)}
+            self.step_records = StepRecords(layers, self.config.n_layer)
         balance = self.step_records.add_forward()
         moe = self.config.moe
         return moe.aux_loss_weight * balance if moe.load_balance == "aux_loss" else None
 
     def step_statistics(self) -> torch.Tensor | None:
-        """What the step's training forwards recorded, one float tensor for the machinery to sum over the
-        data-parallel ranks (None for a dense model); cleared for the next step."""
+        """What the step's training forwards recorded, one float tensor for the machinery to sum over the ranks
+        (None for a dense model); cleared for the next step."""
         return self.step_records.take() if self.step_records is not None else None
 
     def end_step(self, summed: torch.Tensor, updated: bool) -> dict[str, torch.Tensor]:

@@ -80,9 +80,10 @@ def expert_counts(chosen: torch.Tensor, num_experts: int) -> torch.Tensor:
 
 
 def host_counts(counts: torch.Tensor, total: int) -> list[int]:
-    """`counts` read on the host. In a rehearsal (training/rehearsal.py: fake tensors, which carry no values) `total`
-    split evenly instead: the balanced routing load balancing aims at, so a rehearsal measures a balanced step."""
-    if not is_fake(counts):
+    """`counts` read on the host. In a rehearsal (training/rehearsal.py: fake tensors, which carry no values) or on
+    the meta device (where a pipeline's stage shapes are worked out) `total` split evenly instead: the balanced
+    routing load balancing aims at, so a rehearsal measures a balanced step."""
+    if not is_fake(counts) and counts.device.type != "meta":
         return counts.tolist()
     share, extra = divmod(total, counts.numel())
     return [share + (part < extra) for part in range(counts.numel())]
@@ -168,8 +169,11 @@ class Experts(nn.Module):
         self.use_grouped_mm = True  # False: always the loop (tests compare the two)
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        # Under autocast the matmuls run in its dtype, as a Linear would; _grouped_mm takes one dtype throughout.
-        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        # Under autocast the matmuls run in its dtype, as a Linear would; _grouped_mm takes one dtype throughout. (No
+        # autocast on the meta device, where a pipeline's stage shapes are worked out.)
+        device = x.device.type
+        autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+        dtype = torch.get_autocast_dtype(device) if autocast else x.dtype
         # Under expert parallelism the weights are DTensors sharded by expert: this rank computes its own experts.
         held = [w.to_local() if isinstance(w, DTensor) else w for w in (self.gate, self.up, self.down)]
         x, weights = x.to(dtype), [w.to(dtype) for w in held]
@@ -278,28 +282,36 @@ class MoE(nn.Module):
 
 
 class StepRecords:
-    """The figures of a step's training forwards, summed: one row per MoE layer, its experts' loads then the pairs
-    dropped, the balance loss, the router's entropy and the forwards counted (so the machinery sums them over ranks
-    in one collective, and means come out right however many forwards and ranks added to them)."""
+    """The figures of a step's training forwards, summed: one row per block of the whole model, its experts' loads then
+    the pairs dropped, the balance loss, the router's entropy and the forwards counted (so the machinery sums them
+    over ranks in one collective, and means come out right however many forwards and ranks added to them). A model
+    that holds only some blocks (a pipeline stage) fills their rows and leaves the others zero: summed over the
+    ranks, every block's row comes from the stage that holds it."""
 
-    def __init__(self, layers: list[MoE]) -> None:
+    def __init__(self, layers: dict[int, MoE], n_layer: int) -> None:
         # The layers' MoeConfig (the same for all), typed: nn.Module's attribute lookup would type it as a module.
-        self.config: MoeConfig = layers[0].config
-        self.layers = layers
+        self.config: MoeConfig = next(iter(layers.values())).config
+        self.layers = layers  # by block index in the whole model
+        self.n_layer = n_layer
         self.sums: torch.Tensor | None = None
 
     def add_forward(self) -> torch.Tensor:
-        """Add the figures the layers recorded in the forward just run; that forward's mean balance loss (in the graph)."""
-        records = [layer.record for layer in self.layers if layer.record is not None]
-        rows = torch.stack(
+        """Add the figures the layers recorded in the forward just run; that forward's balance loss (in the graph),
+        summed over the layers held and divided by the whole model's: the mean over its layers, or a stage's share
+        of it."""
+        held = {index: layer.record for index, layer in self.layers.items() if layer.record is not None}
+        records = list(held.values())
+        values = torch.stack(
             [
                 torch.cat([r.loads.float(), torch.stack([r.dropped.float(), r.balance_loss.detach(), r.entropy])])
                 for r in records
             ]
         )
-        rows = F.pad(rows, (0, 1), value=1.0)  # the forwards counted
+        values = F.pad(values, (0, 1), value=1.0)  # the forwards counted
+        rows = values.new_zeros(self.n_layer, values.shape[1])
+        rows[list(held)] = values
         self.sums = rows if self.sums is None else self.sums + rows
-        return torch.stack([r.balance_loss for r in records]).mean()
+        return torch.stack([r.balance_loss for r in records]).sum() / self.n_layer
 
     def take(self) -> torch.Tensor | None:
         """The step's sums (None when no training forward ran), cleared for the next step."""
@@ -310,13 +322,15 @@ class StepRecords:
         """Move each layer's bias towards balance (load_balance=bias, when the step's update was applied) from the
         loads `summed` over the step's forwards and the data-parallel ranks; the step's figures by name."""
         experts = self.config.num_experts
-        loads, dropped, balance, entropy, forwards = summed.split([experts, 1, 1, 1, 1], dim=-1)
         if update_bias:
             with torch.no_grad():
-                for layer, load in zip(self.layers, loads, strict=True):
+                for index, layer in self.layers.items():
                     if layer.expert_bias is not None:
+                        load = summed[index, :experts]
                         step = self.config.bias_update_rate * torch.sign(load.mean() - load)
                         layer.expert_bias.add_(step.to(layer.expert_bias.dtype))
+        ran = summed[summed[:, -1] > 0]  # the blocks some forward ran (all of them, summed over a pipeline's ranks)
+        loads, dropped, balance, entropy, forwards = ran.split([experts, 1, 1, 1, 1], dim=-1)
         return {
             "moe/aux_loss": (balance / forwards).mean(),
             "moe/load_imbalance": (loads.amax(-1) / loads.mean(-1).clamp(min=1e-20)).mean(),
