@@ -231,3 +231,26 @@ def test_experts_split_inside_each_pipeline_stage_train_as_one_process_with_the_
     assert weights.keys() == expected_weights.keys()
     for name, tensor in expected_weights.items():
         torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+def test_a_checkpoint_of_experts_split_in_a_pipeline_resumes_in_one_process(tmp_path: Path) -> None:
+    """Saved by pp=2 x ep=2 on 4 processes at step 2, resumed on 1 process (the pieces as its micro-batches): steps 3
+    and 4 are those of a run on 1 process throughout (1e-5): every expert under its global name, whatever held it."""
+    shared = [
+        "train", "--config", str(RECIPE), "--logger.name", "csv", "--model.n_layer", "2", "--model.block_size", "16",
+        "--eval.every_steps", "0", "--logger.log_every_steps", "1", "--checkpoint.save_every_steps", "2",
+        "--model.moe.capacity_factor", "null",
+    ]  # fmt: skip
+    one = [EP, "1", "--devices", "1", "--train.micro_batch_size", "2", "--train.grad_accum_steps", "4"]
+    split = [*PIPELINE, EP, "2", "--devices", "4", "--train.micro_batch_size", "4"]
+    reference, moved = tmp_path / "reference", tmp_path / "moved"
+    assert run_cli(*shared, "--out_dir", str(reference), "--train.max_steps", "4", *one).returncode == 0
+    assert run_cli(*shared, "--out_dir", str(moved), "--train.max_steps", "2", *split).returncode == 0
+    resumed = run_cli(*shared, "--out_dir", str(moved), "--train.max_steps", "4", *one)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (expected,) = losses_by_run(reference)
+    _, after_resume = losses_by_run(moved)
+    assert after_resume.keys() == {3, 4}
+    assert all(abs(after_resume[step] - expected[step]) < 1e-5 for step in after_resume), (after_resume, expected)
