@@ -95,6 +95,14 @@ def args(out_dir: Path, degree: int, steps: int) -> list[str]:
     ]  # fmt: skip
 
 
+def assert_same_weights_within(actual: Path, expected: Path, steps: int) -> None:
+    """The final weights of two runs: the same names (every expert under its global one) and values within 1e-5."""
+    weights, expected_weights = final_weights(actual, steps), final_weights(expected, steps)
+    assert weights.keys() == expected_weights.keys()
+    for name, tensor in expected_weights.items():
+        torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_two_expert_parallel_ranks_give_the_losses_and_weights_of_one(tmp_path: Path) -> None:
     runs = {degree: tmp_path / f"ep{degree}" for degree in (1, 2)}
@@ -142,10 +150,7 @@ def test_experts_split_over_a_context_parallel_group_train_as_one_process_on_who
     (whole,), (split,) = losses_by_run(runs["whole"]), losses_by_run(runs["split"])
     assert whole.keys() == split.keys() == {1, 2, 3}
     assert all(abs(whole[step] - split[step]) < 1e-5 for step in whole), (whole, split)
-    weights, expected = final_weights(runs["split"], 3), final_weights(runs["whole"], 3)
-    assert weights.keys() == expected.keys()
-    for name, tensor in expected.items():
-        torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-5)
+    assert_same_weights_within(runs["split"], runs["whole"], 3)
 
 
 @pytest.mark.slow
@@ -227,10 +232,7 @@ def test_experts_split_inside_each_pipeline_stage_train_as_one_process_with_the_
         expected = figures(runs["whole"], name)
         assert len(expected) == (1 if name == "val/loss" else 3)
         assert figures(runs["pipeline"], name) == pytest.approx(expected, abs=1e-5), name
-    weights, expected_weights = final_weights(runs["pipeline"], 3), final_weights(runs["whole"], 3)
-    assert weights.keys() == expected_weights.keys()
-    for name, tensor in expected_weights.items():
-        torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-5)
+    assert_same_weights_within(runs["pipeline"], runs["whole"], 3)
 
 
 @pytest.mark.slow
