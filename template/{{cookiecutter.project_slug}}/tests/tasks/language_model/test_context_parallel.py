@@ -143,18 +143,26 @@ def test_context_parallel_sizes_that_cannot_split_are_refused_in_one_line(
     assert message in fail_with(argv, capsys)
 
 
-def trains_as_whole_sequences(tmp_path: Path, shared: list[str], split: list[str], validations: int) -> None:
-    """`shared` (a `train` command line of 4 steps) run split (`split`: its overrides, one data-parallel rank) in
-    `split/` and on 1 process on whole sequences in `whole/`, the same samples: the same losses (1e-5), and the same
-    `validations` validation losses."""
+def trains_as_whole_sequences(
+    tmp_path: Path, shared: list[str], split: list[str], validations: int, steps: int = 4
+) -> None:
+    """`shared` (a `train` command line of `steps` steps) run split (`split`: its overrides, one data-parallel rank)
+    in `split/` and on 1 process on whole sequences in `whole/`, the same samples: the same losses and gradient norms
+    (1e-5), and the same `validations` validation losses."""
     whole = ["--devices", "1", "--strategy.fsdp2.context_parallel_size", "1"]
     runs = {"split": split, "whole": whole}
     for name, overrides in runs.items():
         result = run_cli(*shared, *overrides, "--out_dir", str(tmp_path / name))
         assert result.returncode == 0, result.stderr[-3000:]
     losses = {name: train_losses(tmp_path / name) for name in runs}
-    assert sorted(losses["whole"]) == [1, 2, 3, 4]
+    assert sorted(losses["whole"]) == list(range(1, steps + 1))
     assert_same_losses(losses["split"], losses["whole"], tolerance=1e-5)
+    norms = {
+        name: [float(row["train/grad_norm"]) for row in read_csv_metrics(tmp_path / name) if row.get("train/grad_norm")]
+        for name in runs
+    }
+    assert len(norms["whole"]) == steps
+    assert norms["split"] == pytest.approx(norms["whole"], abs=1e-5)
     validation = {
         name: [float(row["val/loss"]) for row in read_csv_metrics(tmp_path / name) if row.get("val/loss")]
         for name in runs
@@ -179,12 +187,12 @@ def test_context_parallel_over_2_processes_trains_as_one_process_on_whole_sequen
 ) -> None:
     shared = [
         "train", "--config", str(CP_RECIPE), *TINY, "--model.n_kv_head", "1", "--train.micro_batch_size", "4",
-        "--train.max_steps", "4", "--eval.every_steps", "4", "--checkpoint.save_every_steps", "0",
+        "--train.max_steps", "8", "--eval.every_steps", "8", "--checkpoint.save_every_steps", "0",
         "--checkpoint.resume", "null", "--logger.name", "csv", *data,
     ]  # fmt: skip
     # split: 2 processes, each half of every sequence of the same samples (one data-parallel rank, as the cp group
     # is one).
-    trains_as_whole_sequences(tmp_path, shared, [], validations=1)
+    trains_as_whole_sequences(tmp_path, shared, [], validations=1, steps=8)
 
 
 def degree_args(out_dir: Path, degree: int, steps: int) -> list[str]:
