@@ -320,7 +320,7 @@ class StepRecords:
 
     def end_step(self, summed: torch.Tensor, update_bias: bool) -> dict[str, torch.Tensor]:
         """Move each layer's bias towards balance (load_balance=bias, when the step's update was applied) from the
-        loads `summed` over the step's forwards and the data-parallel ranks; the step's figures by name."""
+        loads `summed` over the step's forwards and the ranks (a pipeline's too); the step's figures by name."""
         experts = self.config.num_experts
         if update_bias:
             with torch.no_grad():
