@@ -24,6 +24,10 @@ CPU_DEBUG = ["--config", str(RECIPES / "cpu-debug.yaml")]
         (["--data.source", "tokens"], "data.source"),
         (["--model.vocab_size", "256"], "unknown option '--model.vocab_size'"),
         (["--strategy.fsdp2.tensor_parallel_size", "3", "--devices", "3"], "model.n_head"),
+        (
+            ["--strategy.name", "fsdp2", "--devices", "2", "--strategy.fsdp2.context_parallel_size", "2"],
+            "strategy.fsdp2.context_parallel_size=2: task=image_classification has no sequence to split (set it to 1)",
+        ),
     ],
 )
 def test_a_recipe_that_does_not_fit_is_refused_naming_the_field(
