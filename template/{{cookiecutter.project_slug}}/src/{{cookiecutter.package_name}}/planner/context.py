@@ -45,7 +45,9 @@ from .units import GB
 
 LONG = 16384  # tokens from which plan offers context-parallel degrees (shorter sequences fit without)
 LENGTHS = tuple(2**n for n in range(10, 23))  # what plan tries for the longest context that fits: 1K to 4M tokens
-COLLECTIVES_PER_LAYER = 6  # the keys' and values' all-gathers in forward and again in backward, their reduce-scatters
+GATHERS_PER_LAYER = 4  # the keys' and the values' all-gathers, in forward and again when backward recomputes them
+REDUCE_SCATTERS_PER_LAYER = 2  # their gradients', in backward (each gather's autograd)
+COLLECTIVES_PER_LAYER = GATHERS_PER_LAYER + REDUCE_SCATTERS_PER_LAYER
 WHY = (
     "each of {context_parallel} {device_plural} holds 1/{context_parallel} of every sequence and its activations;"
     " the keys and values are all-gathered per layer, which moves less than splitting the layers"
@@ -222,8 +224,8 @@ def context_collectives(cost: ModelCost, option: PlanOption, micro_batches: int)
         return {}
     documents = int(isinstance(cost, SequenceCost) and cost.document_ids)
     return {
-        "allgather": (4 * cost.n_layer + documents) * micro_batches,
-        "reduce_scatter": 2 * cost.n_layer * micro_batches,
+        "allgather": (GATHERS_PER_LAYER * cost.n_layer + documents) * micro_batches,
+        "reduce_scatter": REDUCE_SCATTERS_PER_LAYER * cost.n_layer * micro_batches,
     }
 
 
