@@ -79,11 +79,18 @@ def not_gathered(cost: ModelCost, option: PlanOption, data_parallel: int) -> flo
     """Parameters of one mixture-of-experts layer that a rank of this option never gathers: the other groups'
     experts, and its own too when they are held whole (the degree is every data-parallel rank)."""
     sizes = expert_sizes(cost)
-    degree = option.expert_parallel
-    if sizes is None or degree == 1:
+    degree, tensor = option.expert_parallel, option.tensor_parallel
+    if sizes is None or not sharded_apart(option):
         return 0.0
-    gathered = 0.0 if data_parallel == degree else sizes.layer_parameters / degree
-    return sizes.layer_parameters - gathered
+    gathered = 0.0 if data_parallel * tensor == degree else sizes.layer_parameters / degree
+    return sizes.layer_parameters / tensor - gathered  # a layer on a tensor-parallel rank counts 1/t of them
+
+
+def sharded_apart(option: PlanOption) -> bool:
+    """Whether the runtime shards the experts apart from their blocks (fully_shard.py's shard_experts): under expert
+    parallel, and under tensor parallel, whose ranks share out the routed rows and count as data-parallel ones for
+    the experts (a rank gathers its group's experts whole, not 1/t of them)."""
+    return option.expert_parallel > 1 or option.tensor_parallel > 1
 
 
 def expert_layers(cost: ModelCost) -> int:
@@ -98,7 +105,8 @@ def exchanged_elements(cost: ModelCost, option: PlanOption, micro_batch: int, ch
     sizes = expert_sizes(cost)
     if sizes is None or option.expert_parallel == 1:
         return 0.0
-    return (6 if checkpointing else 4) * sizes.layers * sizes.row_elements_per_sample * micro_batch
+    rows = sizes.row_elements_per_sample * micro_batch / option.tensor_parallel  # a tensor rank routes its share
+    return (6 if checkpointing else 4) * sizes.layers * rows
 
 
 def sent_share(option: PlanOption) -> float:
@@ -136,13 +144,14 @@ def expert_collectives(
 def expert_units(cost: ModelCost, option: PlanOption, data_parallel: int) -> int:
     """Layers whose experts the runtime shards as units of their own: those of an expert-parallel option whose degree
     is fewer than the data-parallel ranks (held whole otherwise)."""
-    return expert_layers(cost) if 1 < option.expert_parallel < data_parallel else 0
+    held_whole = option.expert_parallel == data_parallel * option.tensor_parallel
+    return expert_layers(cost) if sharded_apart(option) and not held_whole else 0
 
 
 def replicated_expert_units(cost: ModelCost, option: PlanOption, data_parallel: int) -> int:
     """Under hsdp, the expert units all-reduced across the replica groups beyond `expert_units`: the experts are a
     unit of their own at any degree (fully_shard.py's shard_experts), so held whole in a node (the degree is all its
     `data_parallel` ranks) they gather and reduce-scatter nothing but are still all-reduced with their replicas."""
-    if not option.hybrid or option.expert_parallel == 1:
+    if not option.hybrid or not sharded_apart(option):
         return 0
     return expert_layers(cost) - expert_units(cost, option, data_parallel)

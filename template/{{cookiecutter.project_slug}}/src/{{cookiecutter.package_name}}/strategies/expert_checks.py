@@ -3,8 +3,8 @@
 Expert parallelism splits each mixture-of-experts layer's experts over groups of data-parallel ranks (fully_shard.py
 builds the mesh): the degree divides the data-parallel ranks (with context parallel, the data x context ranks; under
 hsdp those of a replica group, a node: the all-to-alls stay inside it; under a pipeline those of a stage) and the
-experts, and composes with fsdp2's and hsdp's sharding, context parallel and the pipeline (not yet with tensor
-parallel).
+experts, and composes with fsdp2's and hsdp's sharding, context parallel, tensor parallel (whose ranks share out
+the tokens, so they count here as data-parallel ones) and the pipeline.
 Checked before any process starts, each refusal one line naming the field and what is allowed.
 """
 
@@ -31,18 +31,16 @@ def check_expert_parallel(strategy: Any) -> None:
     dimensions: dict[str, int] = strategy.task.expert_parallel_dimensions()
     if not dimensions:
         raise RecipeError(f"{field}: task={strategy.recipe.task}'s model has no experts to split (set it to 1)")
-    if (other := options.tensor_parallel_size) > 1:
-        name = field_path(Fsdp2Options, "tensor_parallel_size")
-        raise RecipeError(f"{field} does not compose with {name}={other} yet (set one of them to 1)")
-    # Under context parallel the ranks of a group hold different tokens of the same samples: the experts are split
-    # over the data x context ranks (those fully_shard shards over), the group's tokens among them.
+    # Under context parallel the ranks of a group hold different tokens of the same samples, and under tensor
+    # parallel a group's ranks share out the routed experts' tokens (token_split.py): the experts are split over the
+    # data x context x tensor-parallel ranks, the groups' tokens among them.
     # Under a pipeline, each stage's ranks split its layers' experts.
-    data_parallel = strategy.data_parallel_size() * options.context_parallel_size
+    tensor = options.tensor_parallel_size
+    data_parallel = strategy.data_parallel_size() * options.context_parallel_size * tensor
     stages = strategy.pipeline_parallel_size
     world = "devices x num_nodes" + (f" / {stages} pipeline stages" if stages > 1 else "")
-    ranks = f"data-parallel ranks ({world}"
-    if options.context_parallel_size > 1:
-        ranks = f"data x context-parallel ranks ({world}"
+    kinds = ["data", *(["context"] if options.context_parallel_size > 1 else []), *(["tensor"] if tensor > 1 else [])]
+    ranks = f"{' x '.join(kinds)}-parallel ranks ({world}"
     if strategy.hybrid:  # the experts are split inside a replica group, a node
         data_parallel //= strategy.recipe.num_nodes // stages
         ranks = f"ranks of a node (strategy.name={strategy.name} replicates the experts across nodes"

@@ -168,6 +168,9 @@ def shard_model(
     if tensor_mesh.size() > 1:
         for block in model.blocks:
             parallelize_module(block, tensor_mesh, model.tensor_parallel_plan())
+        for module in model.modules():  # a mixture of experts' tokens shared out over the tensor-parallel ranks
+            if callable(parallelize_over_tensor := getattr(module, "parallelize_over_tensor", None)):
+                parallelize_over_tensor(tensor_mesh)
     prepare_blocks(model, config)
     offload = config.fsdp2 is not None and config.fsdp2.cpu_offload
     policy = CPUOffloadPolicy() if offload else OffloadPolicy()  # OffloadPolicy(): fully_shard's default, none
@@ -181,9 +184,12 @@ def shard_model(
         and options.pipeline_parallel_size > 1
         and options.pipeline_schedule in ZERO_BUBBLE_SCHEDULES
     )
-    if options is not None and options.expert_parallel_size > 1:
+    # Under tensor parallel a mixture of experts' experts are sharded over the tensor-parallel ranks too (each rank's
+    # gradient holds its share of the tokens only: the reduce-scatter sums them), even at expert-parallel degree 1.
+    if options is not None and (options.expert_parallel_size > 1 or tensor_mesh.size() > 1):
         sharding = dict(reshard_after_forward=not keep, offload_policy=policy, mp_policy=mixed)
-        shard_experts(model, data_mesh, options.expert_parallel_size, options.pipeline_parallel_size, **sharding)
+        degree, stages = options.expert_parallel_size, options.pipeline_parallel_size
+        shard_experts(model, data_mesh, degree, stages, tensor_mesh.size(), **sharding)
     for block in model.blocks:
         fully_shard(block, mesh=data_mesh, reshard_after_forward=not keep, offload_policy=policy, mp_policy=mixed)
     # The root is gathered for the whole step anyway; keeping it unsharded after forward saves
@@ -194,29 +200,36 @@ def shard_model(
     return model
 
 
-def shard_experts(model: Any, data_mesh: DeviceMesh, degree: int, stages: int = 1, **sharding: Any) -> None:
+def shard_experts(
+    model: Any, data_mesh: DeviceMesh, degree: int, stages: int = 1, tensor: int = 1, **sharding: Any
+) -> None:
     """Expert parallelism over the data-parallel ranks as (replicate, expert_shard, expert): each group of `degree`
     neighbouring ranks splits every mixture-of-experts layer's experts by expert (the layer's `parallelize_experts`),
     and the ranks holding the same experts shard them further with fully_shard (torchtitan's dp_shard_in_ep). Under
     hsdp (`data_mesh` 2-D, (replicate, shard)) the groups lie inside a replica group, a node, so the all-to-alls stay
     on its links, and the experts are replicated across the replica groups as every other parameter (fully_shard on
     (replicate, expert_shard)). Under a pipeline of `stages` (the mesh's outermost dimension) each stage's ranks do
-    the same for the stage's layers. The blocks' fully_shard then leaves the experts to theirs."""
-    ranks = data_mesh.size()
+    the same for the stage's layers. Under tensor parallel over `tensor` ranks (the innermost dimension), which share
+    out the tokens of the routed experts (token_split.py), those ranks count as data-parallel ones here: the groups
+    are taken from the data x tensor-parallel ranks, a tensor-parallel group's ranks first. The blocks' fully_shard
+    then leaves the experts to theirs."""
+    layers = [module for module in model.modules() if callable(getattr(module, "parallelize_experts", None))]
+    if not layers:
+        return
+    ranks = data_mesh.size() * tensor
     replicas = data_mesh.size(0) if data_mesh.ndim == 2 else 1
     dims = {"pipeline": stages, "replicate": replicas, "expert_shard": ranks // replicas // degree, "expert": degree}
     mesh = init_device_mesh(data_mesh.device_type, tuple(dims.values()), mesh_dim_names=tuple(dims))
     holders = mesh["replicate", "expert_shard"] if replicas > 1 else mesh["expert_shard"]
-    for module in list(model.modules()):
-        if callable(parallelize_experts := getattr(module, "parallelize_experts", None)):
-            experts = fully_shard(parallelize_experts(mesh["expert"]), mesh=holders, **sharding)
-            # A local expert's gradient already sums its group's tokens (the all-to-all brought them): summed over
-            # the ranks holding the same experts and divided by all the data-parallel ranks, it is the mean
-            # fully_shard makes of the other parameters' gradients. A reduce-scatter over several ranks sums, then
-            # divides (NCCL's PREMUL_SUM, the default for a divide factor, is not in gloo); with none to shard with
-            # (expert_shard of 1) fully_shard divides as it copies, and a forced sum would divide a second time.
-            experts.set_gradient_divide_factor(float(ranks))
-            experts.set_force_sum_reduction_for_comms(dims["expert_shard"] > 1)
+    for layer in layers:
+        experts = fully_shard(layer.parallelize_experts(mesh["expert"]), mesh=holders, **sharding)
+        # A local expert's gradient already sums its group's tokens (the all-to-all brought them): summed over
+        # the ranks holding the same experts and divided by all the data-parallel ranks, it is the mean
+        # fully_shard makes of the other parameters' gradients. A reduce-scatter over several ranks sums, then
+        # divides (NCCL's PREMUL_SUM, the default for a divide factor, is not in gloo); with none to shard with
+        # (expert_shard of 1) fully_shard divides as it copies, and a forced sum would divide a second time.
+        experts.set_gradient_divide_factor(float(data_mesh.size()))  # a token's rows on one tensor rank
+        experts.set_force_sum_reduction_for_comms(dims["expert_shard"] > 1)
 
 
 def materialize(model: Any, device_type: str) -> None:

@@ -256,3 +256,42 @@ def test_a_checkpoint_of_experts_split_in_a_pipeline_resumes_in_one_process(tmp_
     _, after_resume = losses_by_run(moved)
     assert after_resume.keys() == {3, 4}
     assert all(abs(after_resume[step] - expected[step]) < 1e-5 for step in after_resume), (after_resume, expected)
+
+
+TENSOR = "--strategy.fsdp2.tensor_parallel_size"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param([TENSOR, "2", EP, "2"], id="tp2-ep2"),  # the experts split over the tensor-parallel pair
+        pytest.param([TENSOR, "2", EP, "1"], id="tp2-ep1", marks=pytest.mark.matrix),  # each expert sharded over it
+        pytest.param([TENSOR, "2", EP, "2", "--devices", "4"], id="dp2-tp2-ep2", marks=pytest.mark.matrix),
+    ],
+)
+def test_tensor_parallel_ranks_sharing_out_the_tokens_train_as_one_process(layout: list[str], tmp_path: Path) -> None:
+    """Tensor parallel over 2 ranks, which split attention and the shared experts and share out the routed experts'
+    tokens (each rank computes the routed experts of half of them), against 1 process (2 processes for dp2) with
+    the same batches: the same losses, MoE figures (capacity and auxiliary loss included: the router sees every
+    token on every rank) and weights."""
+    shared = [
+        "train", "--config", str(RECIPE), "--logger.name", "csv", "--model.n_layer", "2", "--model.block_size", "16",
+        "--train.max_steps", "3", "--eval.every_steps", "0", "--logger.log_every_steps", "1",
+        "--checkpoint.save_every_steps", "3", "--model.moe.aux_loss_weight", "0.1", "--model.moe.capacity_factor",
+        "1.0",
+    ]  # fmt: skip
+    devices = layout[layout.index("--devices") + 1] if "--devices" in layout else "2"
+    layouts = {"split": layout, "whole": [EP, "1", "--devices", str(int(devices) // 2)]}
+    runs = {name: tmp_path / name for name in layouts}
+    for name, out_dir in runs.items():
+        result = run_cli(*shared, "--out_dir", str(out_dir), *layouts[name])
+        assert result.returncode == 0, result.stderr[-3000:]
+    (whole,), (split,) = losses_by_run(runs["whole"]), losses_by_run(runs["split"])
+    assert whole.keys() == split.keys() == {1, 2, 3}
+    assert all(abs(whole[step] - split[step]) < 1e-5 for step in whole), (whole, split)
+    for name in MOE_FIGURES:
+        expected = figures(runs["whole"], name)
+        assert len(expected) == 3 and (name != "moe/dropped_fraction" or max(expected) > 0), name
+        assert figures(runs["split"], name) == pytest.approx(expected, abs=1e-5), name
+    assert_same_weights_within(runs["split"], runs["whole"], 3)

@@ -200,6 +200,34 @@ def test_a_mixture_of_experts_under_expert_parallel_rehearses_with_balanced_rout
     assert rank["collective_bytes"]["all_to_all_single"] == 4 * model.n_layer * micro_batches * rows * model.n_embd * 4
 
 
+TENSOR_PARALLEL = ("--strategy.fsdp2.tensor_parallel_size", "2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("devices", "degree"),
+    [(4, 2), pytest.param(2, 1, marks=pytest.mark.matrix)],
+)  # dp=2 x tp=2, the experts split over each tensor-parallel pair; tp=2 alone, each expert sharded over the pair
+def test_experts_under_tensor_parallel_rehearse_as_planned(devices: int, degree: int) -> None:
+    """The tensor-parallel ranks share out the routed rows (token_split.py) and count as data-parallel ones for the
+    experts: each rank's states hold 1/(data x tensor) of them, to the byte as plan says; each routes half its
+    micro-batch's rows; the all-reduces are the ones plan counts for a mixture of experts under tensor parallel."""
+    layout = [*TENSOR_PARALLEL, "--devices", str(devices), "--strategy.fsdp2.expert_parallel_size", str(degree)]
+    recipe = parse_recipe(["--config", str(RECIPES / "cpu-moe-debug.yaml"), *layout])
+    rehearsal = rehearsed("cpu-moe-debug", [0, devices - 1], *layout)
+    assert_as_planned(rehearsal)
+    model, micro_batches = recipe.model, recipe.train.grad_accum_steps
+    for rank in rehearsal["ranks"]:
+        assert rank["mesh"]["tensor_parallel"] == rank["rank"] % 2
+        if degree > 1:
+            rows = recipe.train.micro_batch_size * model.block_size * model.moe.top_k // 2
+            exchanged = 4 * model.n_layer * micro_batches * rows * model.n_embd * 4
+            assert rank["collective_bytes"]["all_to_all_single"] == exchanged
+        else:  # no all-to-all: the experts sharded over the pair, gathered for forward and backward of each layer
+            assert "all_to_all_single" not in rank["collectives"]
+            assert rank["collectives"]["allgather"] == 2 * model.n_layer * micro_batches
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "devices", [2, pytest.param(4, marks=pytest.mark.matrix)]

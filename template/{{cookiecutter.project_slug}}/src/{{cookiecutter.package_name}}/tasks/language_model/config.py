@@ -117,8 +117,10 @@ class ModelConfig:
     def tensor_parallel_dimensions(self) -> dict[str, int]:
         """Sizes that tensor parallel splits evenly over its ranks (attention heads and widths)."""
         dimensions = {"n_head": self.n_head, "n_embd": self.n_embd}
-        if self.arch == "llama":
-            dimensions |= {"n_kv_head": self.kv_heads, "intermediate_size": self.mlp_hidden_size}
+        if self.arch == "llama":  # a mixture of experts splits its shared experts only (the task names their width)
+            dimensions |= {"n_kv_head": self.kv_heads}
+            if not self.moe.num_experts:
+                dimensions |= {"intermediate_size": self.mlp_hidden_size}
         return dimensions
 
 

@@ -117,8 +117,8 @@ class Shape:
         return ExpertSizes(self.n_layer, self.experts, routed, rows * self.n_embd)
 
     def tensor_parallel_problem(self, tensor_parallel: int) -> str | None:
-        if self.experts and tensor_parallel > 1:
-            return "the experts (no tensor-parallel plan)"
+        if self.shared_hidden % tensor_parallel:
+            return "the shared experts' width"
         return "the heads" if self.n_head % tensor_parallel or self.n_kv_head % tensor_parallel else None
 
     def describe(self) -> str:
@@ -136,21 +136,24 @@ class Shape:
         return layer_activations(self, micro_batch, precision)
 
     def tensor_parallel_elements(self, micro_batch: int) -> float:
-        """The all-reduces of s*b*h per layer per micro-batch (a ring all-reduce moves each element twice)."""
-        return (
-            2
-            * self.tensor_parallel_all_reduces(False)
-            * self.n_layer
-            * self.sequence_length
-            * micro_batch
-            * self.n_embd
-        )
+        """The all-reduces of s*b*h per layer per micro-batch (a ring all-reduce moves each element twice); a mixture
+        of experts' one of its routing weights (s*b*k) besides."""
+        reduces = self.tensor_parallel_all_reduces(False) - (1 if self.experts else 0)
+        per_layer = reduces * self.n_embd + (self.experts_per_token if self.experts else 0)
+        return 2 * self.n_layer * self.sequence_length * micro_batch * per_layer
 
     def tensor_parallel_all_reduces(self, checkpointed: bool) -> int:
         """Forward: the two row-parallel outputs (attention, MLP). Backward: the input gradient of each
         column-parallel linear, reduced on its own: q, k, v, and fc (SwiGLU: gate and up). Full checkpointing
-        recomputes the attention's output, which the second norm saves, and stops before the MLP's."""
-        return 2 + 3 + (2 if self.gated_mlp else 1) + (1 if checkpointed else 0)
+        recomputes the attention's output, which the second norm saves, and stops before the MLP's.
+
+        A mixture of experts (token_split.py): forward, the routed experts' output summed; backward, the gradients of
+        their input and of the routing weights; shared experts as a SwiGLU, whose output checkpointing recomputes (the
+        routed experts' saved tensors come after it)."""
+        attention = 1 + 3 + (1 if checkpointed else 0)
+        if not self.experts:
+            return attention + 1 + (2 if self.gated_mlp else 1)
+        return attention + 1 + 2 + (1 + 2 + (1 if checkpointed else 0) if self.shared_hidden else 0)
 
     def hidden_elements(self, micro_batch: int) -> float:
         """s*b*h: one block's output for a micro-batch (what a pipeline stage sends the next)."""
@@ -174,10 +177,11 @@ def layer_linear_parameters(shape: Shape) -> tuple[int, int]:
     h, kv, ffn = shape.n_embd, shape.kv_width, shape.ffn_hidden
     inputs = 2 if shape.gated_mlp else 1
     split = h * (h + 2 * kv) + h * h + inputs * h * ffn + ffn * h
-    if shape.experts:  # no tensor parallel: every expert, the shared ones and the router, where the MLP was
-        split += 3 * h * (shape.experts * shape.expert_hidden + shape.shared_hidden) + h * shape.experts
-        split -= inputs * h * ffn + ffn * h
     replicated = 0
+    if shape.experts:  # where the MLP was: the shared experts split as it; the routed ones divided over the ranks as
+        # data-parallel ones (token_split.py: a rank's states hold 1/t of them, as if split); the router replicated
+        split += 3 * h * (shape.experts * shape.expert_hidden + shape.shared_hidden) - (inputs * h * ffn + ffn * h)
+        replicated += h * shape.experts
     if shape.bias:
         split += h + 2 * kv + inputs * ffn
         replicated += 2 * h
@@ -257,7 +261,7 @@ def layer_activations(shape: Shape, micro_batch: int, precision: str, tensor_par
     qkv = a * tokens * (h + 2 * shape.kv_width) / t
     attention = a * tokens * h / t + 4 * b * shape.n_head * s / t
     mlp = (4 if shape.gated_mlp else 2) * a * tokens * shape.ffn_hidden / t
-    mlp += 2 * a * tokens * shape.experts_per_token * h  # a mixture of experts' dispatched rows and their outputs
+    mlp += 2 * a * tokens * shape.experts_per_token * h / t  # a mixture of experts' dispatched rows, their outputs
     weights = 0.0
     if precision in MIXED:  # autocast's low-precision weight copies, saved by each matmul
         split, replicated = layer_linear_parameters(shape)

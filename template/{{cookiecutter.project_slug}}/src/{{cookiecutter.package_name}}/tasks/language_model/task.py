@@ -109,9 +109,10 @@ class LanguageModel(Task):
 
     def tensor_parallel_dimensions(self) -> dict[str, int]:
         model = self.recipe.model
-        if model.moe.num_experts:  # no tensor-parallel plan for the experts (it comes with expert parallelism)
-            return {}
-        return {field_path(model, key): size for key, size in model.tensor_parallel_dimensions().items()}
+        dimensions = {field_path(model, key): size for key, size in model.tensor_parallel_dimensions().items()}
+        if model.moe.shared_experts:  # split as a dense MLP; the routed experts share out the tokens instead
+            dimensions[field_path(model.moe, "expert_intermediate_size")] = model.expert_hidden_size
+        return dimensions
 
     def expert_parallel_dimensions(self) -> dict[str, int]:
         moe = self.recipe.model.moe

@@ -134,20 +134,24 @@ class Llama(nn.Module):
         init_parameters(self)
         self.step_records: StepRecords | None = None  # of the MoE layers, found at the first training forward
 
-    @staticmethod
-    def tensor_parallel_plan() -> dict[str, ParallelStyle]:
+    def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         """The tensor-parallel plan of one block: q, k, v split by heads (each rank keeps n_head / tp query heads
         and n_kv_head / tp key/value heads, so every query head finds its key/value head locally), gate and up by
-        hidden units, o and down by rows: one all-reduce in attention and one in the MLP per block."""
-        return {
+        hidden units, o and down by rows: one all-reduce in attention and one in the MLP per block. A mixture of
+        experts' shared experts split as the MLP; its router and routed experts are not split: the ranks share out
+        its tokens instead (token_split.py, arranged by the strategy through each MoE layer's `parallelize_over_tensor`)."""
+        plan: dict[str, ParallelStyle] = {
             "attn.q": ColwiseParallel(),
             "attn.k": ColwiseParallel(),
             "attn.v": ColwiseParallel(),
             "attn.o": RowwiseParallel(),
-            "mlp.gate": ColwiseParallel(),
-            "mlp.up": ColwiseParallel(),
-            "mlp.down": RowwiseParallel(),
         }
+        moe = self.config.moe
+        if moe.num_experts and not moe.shared_experts:
+            return plan
+        mlp = "mlp.shared" if moe.num_experts else "mlp"
+        split_mlp = {f"{mlp}.gate": ColwiseParallel(), f"{mlp}.up": ColwiseParallel(), f"{mlp}.down": RowwiseParallel()}
+        return plan | split_mlp
 
     @staticmethod
     def pipeline_ends() -> tuple[list[str], list[str]]:

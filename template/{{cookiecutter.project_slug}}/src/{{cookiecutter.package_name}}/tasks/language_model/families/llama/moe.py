@@ -16,7 +16,7 @@ the layer; the model folds them into the step's (model.py: `auxiliary_loss`, `en
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -28,6 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from ...config import ModelConfig, MoeConfig
+from .token_split import gradient_summed_over, sum_over, token_share
 
 
 @dataclass
@@ -89,9 +90,13 @@ def host_counts(counts: torch.Tensor, total: int) -> list[int]:
     return [share + (part < extra) for part in range(counts.numel())]
 
 
-def dispatch(x: torch.Tensor, routing: Routing, num_experts: int, limit: int | None) -> Dispatched:
+def dispatch(
+    x: torch.Tensor, routing: Routing, num_experts: int, limit: int | None, share: tuple[int, int] | None = None
+) -> Dispatched:
     """Sort the (token, expert) pairs by expert (stably: within an expert, in token order) and keep the first `limit`
-    of each expert (all when None). x: (tokens, n_embd)."""
+    of each expert (all when None). x: (tokens, n_embd). With `share` (tokens lo to hi - 1, this tensor-parallel
+    rank's), only the kept pairs of those tokens: which pairs are kept is decided over all the tokens, so the same
+    pairs are dropped as without tensor parallel; `dropped` counts all the tokens' too."""
     chosen = routing.experts.reshape(-1)
     order = torch.argsort(chosen, stable=True)
     counts = expert_counts(chosen, num_experts)
@@ -109,7 +114,20 @@ def dispatch(x: torch.Tensor, routing: Routing, num_experts: int, limit: int | N
         dropped = (counts - kept).sum()
         counts = kept
     top_k = routing.experts.shape[1]
+    if share is not None:
+        order = own_pairs(order, share, routing.experts.shape[0], top_k)
+        counts = expert_counts(chosen[order], num_experts)
     return Dispatched(x[order // top_k], routing.weights.reshape(-1)[order], order, counts, dropped)
+
+
+def own_pairs(order: torch.Tensor, share: tuple[int, int], tokens: int, top_k: int) -> torch.Tensor:
+    """The pairs of `order` whose tokens are those of `share` (lo to hi - 1 of `tokens`), in the same order. In a
+    rehearsal's balanced routing (fake tensors carry no values), the share's fraction of them."""
+    lo, hi = share
+    if is_fake(order):
+        return order[order.numel() * lo // tokens : order.numel() * hi // tokens]
+    token = order // top_k
+    return order[(token >= lo) & (token < hi)]
 
 
 def combine(outputs: torch.Tensor, sent: Dispatched, tokens: int, top_k: int) -> torch.Tensor:
@@ -243,6 +261,7 @@ class MoE(nn.Module):
         self.register_buffer("expert_bias", bias, persistent=True)
         self.record: Record | None = None
         self.expert_group: dist.ProcessGroup | None = None  # the expert-parallel ranks (parallelize_experts)
+        self.token_group: dist.ProcessGroup | None = None  # the tensor-parallel ranks (parallelize_over_tensor)
 
     def parallelize_experts(self, mesh: DeviceMesh) -> nn.Module:
         """Expert parallelism over the 1-D `mesh`: each rank keeps num_experts / mesh.size() experts, its slice of
@@ -252,26 +271,41 @@ class MoE(nn.Module):
             # src_data_rank=None: every rank built the same weights (or none, on the meta device): no scatter.
             local = distribute_tensor(param.data, mesh, [Shard(0)], src_data_rank=None)
             self.experts.register_parameter(name, nn.Parameter(local, requires_grad=param.requires_grad))
-        self.expert_group = mesh.get_group()
+        self.expert_group = mesh.get_group() if mesh.size() > 1 else None  # 1: tensor parallel's sharding only
         return self.experts
+
+    def parallelize_over_tensor(self, mesh: DeviceMesh) -> None:
+        """Under tensor parallel over the 1-D `mesh`: each of its ranks computes the routed experts of its share of
+        the tokens (token_split.py)."""
+        self.token_group = mesh.get_group()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         tokens, top_k = flat.shape[0], self.config.top_k
         routing = route(self.router(flat), self.config, self.expert_bias)
-        sent = dispatch(flat, routing, self.config.num_experts, capacity(tokens, self.config))
+        loads = expert_counts(routing.experts.reshape(-1), self.config.num_experts)
+        probabilities = routing.probabilities.detach()
+        entropy = -(probabilities * probabilities.clamp(min=1e-20).log()).sum(-1).mean()
+        balance = balance_loss(routing, loads)
+        # The shared experts before the routed ones, whose combine saves the last tensors backward needs: a
+        # checkpointed block's recomputation stops there, short of the tensor-parallel sum that follows.
+        shared = self.shared(flat) if self.shared is not None else None
+        routed, share, group = flat, None, self.token_group
+        if group is not None:  # this rank's tokens only; their gradients summed over the group in backward
+            routed, share = gradient_summed_over(flat, group), token_share(tokens, group)
+            routing = replace(routing, weights=gradient_summed_over(routing.weights, group))
+        sent = dispatch(routed, routing, self.config.num_experts, capacity(tokens, self.config), share)
         if self.expert_group is None:
             outputs = self.experts(sent.rows, sent.counts)
         else:
             outputs = exchange(self.experts, sent, self.expert_group)
         out = combine(outputs, sent, tokens, top_k).to(x.dtype)
-        if self.shared is not None:
-            out = out + self.shared(flat)
-        loads = expert_counts(routing.experts.reshape(-1), self.config.num_experts)
-        probabilities = routing.probabilities.detach()
-        entropy = -(probabilities * probabilities.clamp(min=1e-20).log()).sum(-1).mean()
         # Overwritten, not added: a checkpointed block's recomputation in backward records the same again.
-        self.record = Record(loads, sent.dropped, balance_loss(routing, loads), entropy)
+        self.record = Record(loads, sent.dropped, balance, entropy)
+        if group is not None:  # each token's output from the rank that computed it
+            out = sum_over(out, group)
+        if shared is not None:
+            out = out + shared
         return out.view_as(x)
 
     def reset_expert_bias(self) -> None:
