@@ -199,7 +199,9 @@ def test_a_bad_recipe_is_refused_in_one_line_before_torch_is_imported(
     assert outcome["seconds"] < 10
 
 
-def fake_checkpoint(out_dir: Path, step: int, model_overrides: dict, damaged: bool = False) -> Path:
+def fake_checkpoint(
+    out_dir: Path, step: int, model_overrides: dict, damaged: bool = False, strategy: str | None = None
+) -> Path:
     """A checkpoint folder as the Checkpointer writes it (meta.json last), for the toy task's model with these
     overrides (the toy task known in this process: `toy_task_here`)."""
     from {{ cookiecutter.package_name }}.recipe.load import dump_recipe, load_recipe
@@ -214,7 +216,8 @@ def fake_checkpoint(out_dir: Path, step: int, model_overrides: dict, damaged: bo
     files = {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
     if damaged:
         files["state/__0_0.distcp"] = 5000  # as if the shard were cut short after the rename
-    (folder / "meta.json").write_text(json.dumps({"step": step, "tokens_seen": 0, "files": files}))
+    meta = {"step": step, "tokens_seen": 0, "files": files} | ({"strategy": strategy} if strategy else {})
+    (folder / "meta.json").write_text(json.dumps(meta))
     return folder
 
 
@@ -230,6 +233,11 @@ def out_dir_below_a_file(tmp: Path) -> tuple[list[str], Path]:
 
 def resume_another_model_shape(tmp: Path) -> tuple[list[str], Path]:
     fake_checkpoint(tmp / "run", 4, {"width": 64})
+    return ["--out_dir", str(tmp / "run"), "--checkpoint.resume", "auto"], tmp / "run"
+
+
+def resume_a_layout_this_strategy_cannot_read(tmp: Path) -> tuple[list[str], Path]:
+    fake_checkpoint(tmp / "run", 4, {}, strategy="deepspeed")  # DeepSpeed's own layout, under the toy's fsdp2
     return ["--out_dir", str(tmp / "run"), "--checkpoint.resume", "auto"], tmp / "run"
 
 
@@ -263,6 +271,7 @@ STATE_CASES = [
     (out_dir_is_a_file, "is a file, not a folder"),
     (out_dir_below_a_file, "is not a writable folder"),
     (resume_another_model_shape, "was saved for another model (model.width=64 there, 32 here)"),
+    (resume_a_layout_this_strategy_cannot_read, "was saved by strategy.name=deepspeed, whose layout strategy.name="),
     (resume_auto_with_only_a_damaged_checkpoint, "no complete checkpoint under"),
     (resume_a_missing_checkpoint, "no such checkpoint folder"),
     (resume_an_incomplete_checkpoint, "not a complete checkpoint"),

@@ -227,3 +227,20 @@ def test_what_cannot_be_rehearsed_is_refused_before_any_rank_starts(
     overrides: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert says in fail_with(["rehearse", str(TOY_RECIPE), *LAYOUT, *overrides], capsys)
+
+
+@pytest.mark.usefixtures("toy_task_here")
+def test_a_checkpoint_to_resume_that_the_layout_cannot_read_is_refused_before_any_rank_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A recipe that resumes a checkpoint saved in DeepSpeed's own layout under fsdp2 (which reads only
+    torch.distributed.checkpoint's and ddp's): train would fail once launched, the rehearsal says so first."""
+    folder = tmp_path / "run" / "checkpoints" / "step-00000004"
+    (folder / "state").mkdir(parents=True)
+    (folder / "state" / "mp_rank_00_model_states.pt").write_bytes(b"0" * 100)
+    files = {"state/mp_rank_00_model_states.pt": 100}
+    (folder / "meta.json").write_text(json.dumps({"step": 4, "strategy": "deepspeed", "files": files}))
+    resume = ["--out_dir", str(tmp_path / "run"), "--checkpoint.resume", "auto"]
+    says = fail_with(["rehearse", str(TOY_RECIPE), *LAYOUT, *resume], capsys)
+    assert "was saved by strategy.name=deepspeed, whose layout strategy.name=fsdp2 cannot read" in says
+    assert "resume it with strategy.name=deepspeed" in says

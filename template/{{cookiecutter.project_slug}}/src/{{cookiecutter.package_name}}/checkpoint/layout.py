@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import RecipeError
 from ..project import TASK
-from ..recipe.registry import TASKS, task_for
+from ..recipe.registry import STRATEGIES, TASKS, task_for
 from ..recipe.schema import Recipe
 from .lock import launched_rank
 
@@ -315,6 +315,7 @@ def resolve_resume(recipe: Recipe) -> Path | None:
             raise RecipeError(f"checkpoint.resume={resume!r}: not a complete checkpoint: {problem}")
     if path is not None:
         check_same_model(path, recipe)
+        check_readable_layout(path, recipe)
     return path
 
 
@@ -322,6 +323,23 @@ def step_of(path: Path) -> int:
     """The step of a checkpoint folder's name (`step-N`, `step-N.partial`); -1 for another name."""
     match = STEP_DIR.match(path.name.removesuffix(".partial"))
     return int(match.group(1)) if match else -1
+
+
+def check_readable_layout(path: Path, recipe: Recipe) -> None:
+    """Refuse to resume a checkpoint this run's strategy cannot read: one in a strategy's own layout (DeepSpeed's,
+    FSDP1's) under another strategy, or the other way. torch.distributed.checkpoint's sharded layout reshards onto
+    any fsdp2/hsdp degree (tensor, pipeline, expert, context parallel), and a ddp checkpoint and a sharded one read
+    each other (checkpoint/load.py)."""
+    saved, here = read_meta(path).get("strategy"), recipe.strategy.name
+    if not isinstance(saved, str) or saved not in STRATEGIES.classes:  # loading it names what is wrong
+        return
+    layouts = {name: STRATEGIES(name).checkpoint_layout for name in (saved, here)}
+    if saved != here and "own" in layouts.values():
+        raise RecipeError(
+            f"checkpoint {path} was saved by strategy.name={saved}, whose layout strategy.name={here} cannot read"
+            f" ({saved}: {layouts[saved]}, {here}: {layouts[here]}): resume it with strategy.name={saved}, or start"
+            " afresh in another out_dir or with --checkpoint.resume null"
+        )
 
 
 def check_same_model(path: Path, recipe: Recipe) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from jsonargparse import ArgumentParser
 
+from ..checkpoint.layout import resolve_resume
 from ..errors import RecipeError
 from ..planner.device import plan_device
 from ..recipe.checks import check_package
@@ -244,6 +245,7 @@ def run(argv: list[str], prog: str) -> None:
     from ..planner.units import size
 
     check_rehearsable(recipe)
+    resolve_resume(recipe)  # a checkpoint to resume that is missing, damaged, of another model or unreadable here
     ranks = chosen_ranks(options.ranks, recipe)
     device = plan_device(options, recipe)
     plan = planned(recipe, device)
