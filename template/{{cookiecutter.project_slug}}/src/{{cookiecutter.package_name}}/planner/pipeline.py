@@ -134,7 +134,9 @@ def rank_loads(
 
 def rank_activations(whole: Activations, n_layer: int, pieces: int, load: RankLoad, zero_bubble: bool) -> Activations:
     """What one rank holds, from one micro-batch through the whole model (`whole`): each block's share per piece
-    held, and beside the blocks (the loss's logits, mostly) on the rank of the last stage only."""
+    held, and beside the blocks (the loss's logits, mostly) on the rank of the last stage only, with the stage's
+    output, which the schedule keeps for the stage's backward (where without a pipeline the logits are freed once
+    the loss has its log-softmax)."""
     layer = whole.recompute_peak  # one block of the whole micro-batch, not checkpointed
     outside = whole.held - n_layer * layer
     checkpointed_layer = layer if zero_bubble else (whole.held_checkpointed - outside) / n_layer
@@ -142,8 +144,8 @@ def rank_activations(whole: Activations, n_layer: int, pieces: int, load: RankLo
     return Activations(
         paper=whole.paper * blocks / n_layer,
         paper_checkpointed=(whole.paper if zero_bubble else whole.paper_checkpointed) * blocks / n_layer,
-        held=blocks * layer + loss * outside,
-        held_checkpointed=blocks * checkpointed_layer + loss * outside,
+        held=blocks * layer + loss * (outside + whole.output),
+        held_checkpointed=blocks * checkpointed_layer + loss * (outside + whole.output),
         recompute_peak=layer / pieces,  # one block of one piece rebuilt
         backward_transient=whole.backward_transient / pieces if load.loss_pieces else 0.0,
     )

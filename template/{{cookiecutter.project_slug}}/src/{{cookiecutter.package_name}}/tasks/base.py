@@ -79,6 +79,7 @@ class Activations:
     held_checkpointed: float  # the same with every block checkpointed
     recompute_peak: float  # one block's activations, rebuilt while backward recomputes it
     backward_transient: float  # what backward adds at its start, beside all that forward held: the loss's gradients
+    output: float = 0.0  # the model's output (logits): a pipeline's last stage keeps it for the stage's backward
 
     @property
     def peak(self) -> float:

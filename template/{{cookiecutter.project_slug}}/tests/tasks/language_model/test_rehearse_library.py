@@ -98,6 +98,40 @@ def test_experts_under_a_pipeline_rehearse_within_each_pipeline_ranks_plan() -> 
     assert first["collectives"]["all_to_all_single"] > 0  # the experts' exchanges, in the pipeline's stage
 
 
+@pytest.mark.slow
+def test_a_pipelines_last_stage_keeps_its_output_for_its_backward_as_plan_counts() -> None:
+    """cpu-pp-debug in fp32 with a 32K vocabulary, where the logits dominate the last stage: the schedule keeps the
+    stage's output (one piece's logits) for the stage's backward beside the loss's log-softmax, where without a
+    pipeline the logits are freed once the loss has it. Rehearsed, the last rank peaks at 302.3 MiB; plan, which
+    left that output out, said 238.6 (0.79 of it), now 302.6."""
+    layout = ["--model.vocab_size", "32768", "--model.n_embd", "64", "--model.n_head", "2", "--model.n_layer", "4",
+              "--model.block_size", "512", "--train.micro_batch_size", "4"]  # fmt: skip
+    for rank in rehearsed("cpu-pp-debug", [0, 1], *layout)["ranks"]:
+        assert rank["peak_bytes"] == pytest.approx(rank["plan"]["peak_bytes"], rel=PEAK_WITHIN), rank["rank"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("schedule", "per_rank"),
+    [
+        ("ZBVZeroBubble", "2"),
+        pytest.param("InterleavedZeroBubble", "1", marks=pytest.mark.matrix),
+        pytest.param("InterleavedZeroBubble", "2", marks=pytest.mark.matrix),
+    ],
+)
+def test_under_a_zero_bubble_schedule_plans_bound_holds_every_ranks_peak(schedule: str, per_rank: str) -> None:
+    """The documented difference (planner/pipeline.py, docs/strategies.md): a zero-bubble schedule keeps each piece's
+    graph for its weight half, which plan bounds by every piece of the micro-batch held uncheckpointed. On
+    cpu-pp-debug (4 blocks, 4 pieces) the ranks peak at 0.69-0.84 of that bound: above it would be a run out of
+    memory that plan said fits."""
+    layout = ["--strategy.fsdp2.pipeline_schedule", schedule, "--strategy.fsdp2.pipeline_stages_per_rank", per_rank,
+              "--model.n_layer", "4"]  # fmt: skip
+    for rank in rehearsed("cpu-pp-debug", [0, 1], *layout)["ranks"]:
+        for held in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
+            assert rank[held] == rank["plan"][held], (rank["rank"], held)
+        assert 0.5 * rank["plan"]["peak_bytes"] < rank["peak_bytes"] <= rank["plan"]["peak_bytes"], rank["rank"]
+
+
 PIPELINES = ("llama-70b-pp-fsdp2-tp-multinode",)  # plan's figure is its worst rank's: the test below
 QUICK = ("fsdp2-node", "ddp-node")  # the test above
 
@@ -162,7 +196,7 @@ def test_beside_each_pipeline_rank_rehearse_sets_plans_figure_for_that_rank() ->
     worst, first, last = planned(recipe, device), planned(recipe, device, 0), planned(recipe, device, 1)
     assert worst is not None and first is not None and worst == last
     assert first["peak_bytes"] / 2**30 == pytest.approx(61.9, abs=0.05)
-    assert worst["peak_bytes"] / 2**30 == pytest.approx(68.1, abs=0.05)
+    assert worst["peak_bytes"] / 2**30 == pytest.approx(70.1, abs=0.05)
 
 
 @pytest.mark.parametrize(

@@ -300,6 +300,7 @@ def activations(
         recompute_peak=layer,
         # backward begins with the loss's gradient of the log-softmax and of the logits, both logits-sized
         backward_transient=2 * logits,
+        output=a * tokens * v,  # the head's output, in the dtype its matmul computes in
     )
 
 
