@@ -88,8 +88,7 @@ class Activations:
 
     @property
     def checkpointed_peak(self) -> float:
-        """Checkpointed activations at their peak: every block's input, plus one block rebuilt or, before the
-        first is, the loss's gradients."""
+        """Checkpointed activations at their peak: each block's input, and one block rebuilt or the loss's gradients."""
         return self.held_checkpointed + max(self.recompute_peak, self.backward_transient)
 
 

@@ -17,6 +17,7 @@ from {{ cookiecutter.package_name }}.recipe.load import parse_recipe
 from {{ cookiecutter.package_name }}.tasks.language_model.families.llama.moe import Experts, expert_order
 
 RECIPE = RECIPES / "cpu-moe-debug.yaml"  # 4 experts, 2 processes
+SHARDED = RECIPES / "cpu-moe-fsdp2-debug.yaml"  # the same on 4 processes: 2 expert-parallel pairs, sharded across
 EP = "--strategy.fsdp2.expert_parallel_size"
 
 
@@ -86,10 +87,10 @@ def test_degrees_the_model_or_the_mesh_cannot_hold_are_refused_in_one_line(
     assert parse_recipe(["--config", str(RECIPE), EP, "2"]).strategy.fsdp2.expert_parallel_size == 2
 
 
-def args(out_dir: Path, degree: int, steps: int) -> list[str]:
-    """cpu-moe-debug shrunk to seconds, at expert-parallel degree `degree`."""
+def args(out_dir: Path, degree: int, steps: int, recipe: Path = RECIPE) -> list[str]:
+    """cpu-moe-debug (or `recipe`) shrunk to seconds, at expert-parallel degree `degree`."""
     return [
-        "train", "--config", str(RECIPE), "--out_dir", str(out_dir), "--logger.name", "csv", EP, str(degree),
+        "train", "--config", str(recipe), "--out_dir", str(out_dir), "--logger.name", "csv", EP, str(degree),
         "--model.n_layer", "1", "--model.block_size", "16", "--train.max_steps", str(steps), "--eval.every_steps", "0",
         "--logger.log_every_steps", "1", "--checkpoint.save_every_steps", "3", "--model.moe.capacity_factor", "1.0",
     ]  # fmt: skip
@@ -160,7 +161,7 @@ def test_experts_sharded_by_expert_and_by_fsdp2_on_four_processes_give_the_losse
 ) -> None:
     runs = {degree: tmp_path / f"ep{degree}" for degree in (1, 2)}  # ep=2: each pair of experts on 2 ranks too
     for degree, out_dir in runs.items():
-        result = run_cli(*args(out_dir, degree, 3), "--devices", "4")
+        result = run_cli(*args(out_dir, degree, 3, SHARDED))
         assert result.returncode == 0, result.stderr[-3000:]
     (alone,), (split,) = losses_by_run(runs[1]), losses_by_run(runs[2])
     assert alone.keys() == split.keys() == {1, 2, 3}
