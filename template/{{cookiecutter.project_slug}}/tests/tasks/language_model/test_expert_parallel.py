@@ -296,3 +296,25 @@ def test_tensor_parallel_ranks_sharing_out_the_tokens_train_as_one_process(layou
         assert len(expected) == 3 and (name != "moe/dropped_fraction" or max(expected) > 0), name
         assert figures(runs["split"], name) == pytest.approx(expected, abs=1e-5), name
     assert_same_weights_within(runs["split"], runs["whole"], 3)
+
+
+@pytest.mark.slow
+@pytest.mark.matrix
+def test_a_checkpoint_of_experts_split_over_tensor_parallel_ranks_resumes_in_one_process(tmp_path: Path) -> None:
+    """Saved by tp=2 x ep=2 on 2 processes at step 2 (the experts split over the tensor-parallel pair, attention and
+    the shared experts split by tensor parallel), resumed on 1 process: steps 3 and 4 are those of a run on 1 process
+    throughout (1e-5)."""
+    shared = [
+        "train", "--config", str(RECIPE), "--logger.name", "csv", "--model.n_layer", "2", "--model.block_size", "16",
+        "--eval.every_steps", "0", "--logger.log_every_steps", "1", "--checkpoint.save_every_steps", "2",
+    ]  # fmt: skip
+    one, split = [EP, "1", "--devices", "1"], [TENSOR, "2", EP, "2"]
+    reference, moved = tmp_path / "reference", tmp_path / "moved"
+    assert run_cli(*shared, "--out_dir", str(reference), "--train.max_steps", "4", *one).returncode == 0
+    assert run_cli(*shared, "--out_dir", str(moved), "--train.max_steps", "2", *split).returncode == 0
+    resumed = run_cli(*shared, "--out_dir", str(moved), "--train.max_steps", "4", *one)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (expected,) = losses_by_run(reference)
+    _, after_resume = losses_by_run(moved)
+    assert after_resume.keys() == {3, 4}
+    assert all(abs(after_resume[step] - expected[step]) < 1e-5 for step in after_resume), (after_resume, expected)

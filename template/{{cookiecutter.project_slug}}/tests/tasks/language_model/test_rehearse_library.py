@@ -102,8 +102,8 @@ def test_experts_under_a_pipeline_rehearse_within_each_pipeline_ranks_plan() -> 
 def test_a_pipelines_last_stage_keeps_its_output_for_its_backward_as_plan_counts() -> None:
     """cpu-pp-debug in fp32 with a 32K vocabulary, where the logits dominate the last stage: the schedule keeps the
     stage's output (one piece's logits) for the stage's backward beside the loss's log-softmax, where without a
-    pipeline the logits are freed once the loss has it. Rehearsed, the last rank peaks at 302.3 MiB; plan, which
-    left that output out, said 238.6 (0.79 of it), now 302.6."""
+    pipeline the logits are freed once the loss has it. Rehearsed, the last rank peaks at 302.3 MiB, plan says 302.6;
+    without that output plan would say 238.6 (0.79 of the peak)."""
     layout = ["--model.vocab_size", "32768", "--model.n_embd", "64", "--model.n_head", "2", "--model.n_layer", "4",
               "--model.block_size", "512", "--train.micro_batch_size", "4"]  # fmt: skip
     for rank in rehearsed("cpu-pp-debug", [0, 1], *layout)["ranks"]:
