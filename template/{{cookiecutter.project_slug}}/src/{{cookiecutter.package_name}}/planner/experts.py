@@ -20,9 +20,10 @@ keeps 1/e of its rows and sends 1/e to each other rank of its group. The experts
 exchanges sit on the step's critical path, added to its bound as tensor parallel's all-reduces are. Peers inside the
 node are reached over the node's links, those on other nodes over the rank's share of the node's network link; the two
 run at once, so the slower bounds the exchange. The degrees offered: each divisor > 1 of the experts that divides the
-data-parallel ranks, for an option that splits experts (fsdp2's sharding without tensor or pipeline parallel); plan
-recommends the quickest by its step bound (by communication volume where it has no bound), ties to a group inside a
-node, then to the smaller degree.
+data x tensor-parallel ranks, for an option that splits experts (fsdp2's sharding, with tensor parallel or without:
+the tensor-parallel ranks share out the routed rows and hold the experts as data-parallel ranks do; not under a
+pipeline); plan recommends the quickest by its step bound (by communication volume where it has no bound), ties to
+a group inside a node, then to the smaller degree.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ def with_degrees(candidates: tuple[Candidate, ...], inputs: Inputs) -> list[Cand
         offered.append(candidate)
         if sizes is None or not candidate.option.splits_experts or (candidate.option.hybrid and inputs.num_nodes == 1):
             continue
-        ranks = inputs.devices if candidate.option.hybrid else inputs.world_size  # hsdp: split inside a node
-        for degree in degrees(sizes.experts, ranks // candidate.tensor_parallel):
+        # hsdp: split inside a node; tensor parallel's ranks count as data-parallel ones for the experts
+        ranks = inputs.devices if candidate.option.hybrid else inputs.world_size
+        for degree in degrees(sizes.experts, ranks):
             name = f"{candidate.name}_ep{degree}"
             option = dataclasses.replace(candidate.option, name=name, expert_parallel=degree, why=WHY)
             offered.append(Candidate(candidate.strategy, option))

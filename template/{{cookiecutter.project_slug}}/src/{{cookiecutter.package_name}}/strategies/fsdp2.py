@@ -133,9 +133,8 @@ class FSDP2(TrainingStrategy):
         return self.recipe.world_size // sharing
 
     def describe(self) -> str:
-        text = f"strategy {self.name}"
+        text, options = f"strategy {self.name}", self.options
         if self.pipeline_parallel_size > 1:
-            options = self.options
             text = (
                 f"pipeline parallel {self.pipeline_parallel_size} ({options.pipeline_schedule},"
                 f" {options.pipeline_microbatches} micro-batches) x {text}"
@@ -153,6 +152,7 @@ class FSDP2(TrainingStrategy):
                 " splitting each layer over {tensor_parallel} {device_plural} does",
                 comm_vs_ddp=1.5,
                 tensor_parallel=size,
+                splits_experts=True,  # over the data x tensor-parallel ranks (token_split.py)
                 **BF16_POLICY,
             )
             for size in (2, 4, 8)

@@ -96,9 +96,12 @@ def test_a_mixture_of_experts_is_offered_each_degree_dividing_its_experts_and_ra
     def offered(*args: str) -> list[str]:
         return [option["strategy"] for option in plan_json(capsys, *args)["options"] if "_ep" in option["strategy"]]
 
-    assert offered(MOE) == ["fsdp2_ep2"]
-    assert offered(MOE, "--devices", "8") == ["fsdp2_ep2", "fsdp2_ep4"]  # 4 experts: no degree 8
-    assert offered(MOE, "--devices", "6") == ["fsdp2_ep2"]  # 4 does not divide 6 ranks
+    # fsdp2 and each fsdp2_tpT: tensor parallel's ranks share out the routed rows and hold the experts as data-parallel
+    # ranks do, so the degrees divide the data x tensor-parallel ranks (token_split.py)
+    sharding = ["fsdp2", "fsdp2_tp2", "fsdp2_tp4", "fsdp2_tp8"]
+    assert offered(MOE) == ["fsdp2_ep2", "fsdp2_tp2_ep2", "fsdp2_tp4_ep2", "fsdp2_tp8_ep2"]
+    assert offered(MOE, "--devices", "8") == [f"{o}_ep{d}" for o in sharding for d in (2, 4)]  # 4 experts: no 8
+    assert offered(MOE, "--devices", "6") == [f"{o}_ep2" for o in sharding]  # 4 does not divide 6 ranks
     assert offered(DENSE, "--devices", "8") == []
     options = {option["strategy"]: option for option in plan_json(capsys, MOE)["options"]}
     sharded, split = options["fsdp2"], options["fsdp2_ep2"]
