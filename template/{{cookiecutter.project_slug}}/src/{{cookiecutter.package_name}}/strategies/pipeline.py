@@ -258,7 +258,11 @@ class Schedule:
 
     def piece_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The loss of one piece as backward sees it: its share of the step's mean. While validating, the
-        piece's outputs go to the validation metrics instead (no backward reads the zero returned)."""
+        piece's outputs go to the validation metrics instead (no backward reads the zero returned). The outputs in
+        fp32, as Fabric hands a model's outputs to the loss without a pipeline: a 16-bit last stage's logits would
+        give a log-softmax, a loss and its gradients in bf16."""
+        if outputs.is_floating_point():
+            outputs = outputs.to(torch.get_default_dtype())
         if self.measure is not None:
             self.measure(outputs, targets)
             return outputs.new_zeros(())
