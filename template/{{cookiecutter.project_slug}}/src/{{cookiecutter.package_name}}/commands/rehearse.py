@@ -161,12 +161,9 @@ def planned(recipe: Recipe, device: Device, pipeline_rank: int | None = None) ->
     checkpointed = recipe.strategy.activation_checkpointing
     activations = result.activations.checkpointed_peak if checkpointed else result.activations.peak
     micro_batches, apart = recipe.train.grad_accum_steps, expert_units(cost, option, shares.data_parallel)
-    collectives = strategy.plan_collectives(option, cost.n_layer, micro_batches, trained is None, apart)
+    collectives = strategy.plan_collectives(option, shares, cost.n_layer, micro_batches, apart)
     if collectives is not None:
-        if shares.data_parallel == 1:  # fully_shard over one rank (tensor parallel on every device) moves nothing
-            # but experts sharded over the tensor-parallel ranks (planner/experts.py)
-            collectives = {"allgather": 2 * apart * micro_batches, "reduce_scatter": apart * micro_batches}
-            collectives = {name: count for name, count in collectives.items() if count}
+        collectives = {name: count for name, count in collectives.items() if count}
         config, plain = recipe.strategy, cost.tensor_parallel_all_reduces(False)
         recomputed = -(-cost.n_layer // config.activation_checkpointing_every) if checkpointed else 0
         collectives |= expert_collectives(cost, option, micro_batches, recomputed)  # all-to-alls: planner/experts.py

@@ -107,12 +107,12 @@ class TrainingStrategy:
         return []
 
     def plan_collectives(
-        self, option: PlanOption, blocks: int, micro_batches: int, root_trains: bool = True, expert_units: int = 0
+        self, option: PlanOption, sizes: PlanSizes, blocks: int, micro_batches: int, expert_units: int = 0
     ) -> dict[str, int] | None:
         """The data-parallel collectives of one optimizer step of `micro_batches` as plan's communication model
-        counts them, by name (`rehearse` counts the same names); None: the model gives no count. `root_trains`:
-        the modules outside the blocks have gradients (adapters in the blocks leave them frozen); `expert_units`:
-        blocks whose experts expert parallel shards apart from the block (planner/experts.py)."""
+        counts them, by name (`rehearse` counts the same names); None: the model gives no count. `sizes`: the
+        data-parallel ranks and the trained share (adapters in the blocks leave the modules outside them frozen);
+        `expert_units`: blocks whose experts expert parallel shards apart from the block (planner/experts.py)."""
         return None
 
     def plan_section(self, option: PlanOption, base: dict[str, Any]) -> dict[str, Any]:

@@ -47,9 +47,7 @@ class FSDP2(TrainingStrategy):
     supports_meta_init = True
     trains_adapters = True  # fully_shard shards frozen and trained parameters of a block together
     hybrid = False  # hsdp: shard inside a node, replicate across nodes
-    # A micro-batch whose pieces' shapes `setup` gives the pipeline's stages (`give_stages_shapes_of`); without one the
-    # stages exchange them at the first step.
-    shapes_batch: Any = None
+    shapes_batch: Any = None  # whose shapes `setup` gives pipeline stages (else they exchange them at step 1)
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -238,14 +236,16 @@ class FSDP2(TrainingStrategy):
         ]
 
     def plan_collectives(
-        self, option: PlanOption, blocks: int, micro_batches: int, root_trains: bool = True, expert_units: int = 0
+        self, option: PlanOption, sizes: PlanSizes, blocks: int, micro_batches: int, expert_units: int = 0
     ) -> dict[str, int] | None:
         # Per micro-batch each block (and experts sharded apart from it) is gathered for forward and again for
         # backward, the root (not resharded after forward) once, and every unit's gradient (a frozen root has none)
         # is reduce-scattered into its shard; hsdp all-reduces the shards across its replicas once per step.
         if option.pipeline_parallel > 1:
             return None
-        reduced, gathered = blocks + expert_units + (1 if root_trains else 0), 2 * (blocks + expert_units) + 1
+        sharded = sizes.data_parallel > 1  # over one rank (tensor parallel on every device) only experts apart move
+        units = (blocks if sharded else 0) + expert_units
+        reduced, gathered = units + int(sharded and sizes.trained == 1.0), 2 * units + int(sharded)
         counts = {"allgather": gathered * micro_batches, "reduce_scatter": reduced * micro_batches}
         return counts | ({"allreduce": reduced} if option.hybrid else {})
 
