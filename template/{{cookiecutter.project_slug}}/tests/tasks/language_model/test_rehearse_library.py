@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 from argparse import Namespace
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from helpers import RECIPES, fail_with, run_cli
@@ -36,15 +38,6 @@ def assert_as_planned(rehearsal: dict) -> None:
         assert rank["peak_bytes"] == pytest.approx(plan["peak_bytes"], rel=PEAK_WITHIN), rank["rank"]
         counted = plan["collectives"] or {}
         assert {name: rank["collectives"].get(name, 0) for name in counted} == counted, rank["rank"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("recipe", "ranks"), [("fsdp2-node", [0, 7]), ("ddp-node", [0])])
-def test_a_gpu_recipes_ranks_hold_what_plan_says(recipe: str, ranks: list[int]) -> None:
-    rehearsal = rehearsed(recipe, ranks)
-    assert rehearsal["world_size"] == 8
-    assert_as_planned(rehearsal)
-    assert rehearsal["ranks"][0]["collectives"]["allreduce"] >= 1  # the step decision's
 
 
 LONG_CONTEXT = ("llama-8b-cp-128k-multinode", "--model.block_size", "65536", "--model.n_layer", "8")  # seconds a rank
@@ -135,40 +128,63 @@ def test_under_a_zero_bubble_schedule_plans_bound_holds_every_ranks_peak(schedul
 
 
 PIPELINES = ("llama-70b-pp-fsdp2-tp-multinode",)  # plan's figure is its worst rank's: the test below
-QUICK = ("fsdp2-node", "ddp-node")  # the test above
+RANKS = {"fsdp2-node": "0,7"}  # rank 0 of each, and the last of one: every rank of a node holds as much
 
 
-@pytest.mark.slow
-@pytest.mark.matrix
-@pytest.mark.parametrize("recipe", [name for name in recipes_on("cuda") if name not in PIPELINES + QUICK])
-def test_every_gpu_recipe_of_the_library_rehearses_as_planned_or_says_why_not(recipe: str) -> None:
-    result = run_cli("rehearse", recipe, "--ranks", "0", "--json")
+def assert_rehearsed_as_planned_or_refused(recipe: str, result: subprocess.CompletedProcess) -> None:
+    """A recipe's rehearsal holds what plan says (its world size, its step decision's all_reduce), or the recipe is
+    one `rehearse` refuses in one line naming what to use instead."""
     if result.returncode == 2 and importlib.util.find_spec("torchao") is None and "float8" in recipe:
         # float8's torchao is an extra that builds on CPU where installed (`pip install -e '.[float8]'`)
-        assert "strategy.fsdp2.float8=true needs torchao: pip install -e '.[float8]'" in result.stderr
+        assert "strategy.fsdp2.float8=true needs torchao: pip install -e '.[float8]'" in result.stderr, recipe
         return
     if result.returncode == 2:  # DeepSpeed and FSDP1 build on CUDA only: the refusal names what to use instead
         assert recipe.startswith(("deepspeed", "fsdp1")), result.stderr
-        assert "not rehearsed" in result.stderr and ("plan" in result.stderr or "fsdp2" in result.stderr)
+        assert "not rehearsed" in result.stderr and ("plan" in result.stderr or "fsdp2" in result.stderr), recipe
         return
-    assert result.returncode == 0, result.stderr
-    assert_as_planned(json.loads(result.stdout))
+    assert result.returncode == 0, (recipe, result.stderr[-3000:])
+    rehearsal = json.loads(result.stdout)
+    config = parse_recipe(["--config", str(RECIPES / f"{recipe}.yaml")])
+    assert rehearsal["world_size"] == config.num_nodes * config.devices, recipe
+    assert [rank["rank"] for rank in rehearsal["ranks"]] == [int(rank) for rank in RANKS.get(recipe, "0").split(",")]
+    alone = rehearsal["world_size"] == 1  # the step decision's all_reduce, which one process skips
+    assert all(alone or rank["collectives"].get("allreduce", 0) >= 1 for rank in rehearsal["ranks"]), recipe
+    assert_as_planned(rehearsal)
 
 
 @pytest.mark.slow
-@pytest.mark.matrix
-def test_the_70b_pipelines_ranks_hold_their_blocks_shards_within_plans_largest_stage() -> None:
-    """llama-70b-pp-fsdp2-tp-multinode on 64 nodes x 8: 4 pipeline ranks of 2 interleaved stages each, every stage's
-    blocks split over 8 GPUs and sharded over its 16 copies. The first rank (the embedding), the first of the second
-    pipeline rank and the last (the final norm and head) hold their blocks' shards to the byte; plan sizes each rank
-    and shows the one that holds the most (here the last), which bounds them all."""
-    ranks, data_parallel, tensor_parallel = [0, 128, 511], 16, 8
+def test_every_gpu_recipe_of_the_library_rehearses_as_planned_or_says_why_not() -> None:
+    """Every GPU recipe of the library at its own size (the pipeline's ranks: the test below), two recipes at a time
+    (a rehearsed rank is a process of one core): ~20 s a recipe at most, 2 minutes for all of them here."""
+    recipes = [name for name in recipes_on("cuda") if name not in PIPELINES]
+    assert {"fsdp2-node", "ddp-node", "lora-llama-8b-node", "moe-30b-a3b-fsdp2-ep-multinode"} <= set(recipes)
+
+    def rehearse(recipe: str) -> subprocess.CompletedProcess:
+        return run_cli("rehearse", recipe, "--ranks", RANKS.get(recipe, "0"), "--json")
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for recipe, result in zip(recipes, pool.map(rehearse, recipes), strict=True):
+            assert_rehearsed_as_planned_or_refused(recipe, result)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nodes", [pytest.param(64, marks=pytest.mark.matrix), 512])
+def test_the_70b_pipelines_ranks_hold_their_blocks_shards_within_plans_largest_stage(nodes: int) -> None:
+    """llama-70b-pp-fsdp2-tp-multinode on 64 nodes x 8 (512 ranks) and 512 x 8 (4096): 4 pipeline ranks of 2
+    interleaved stages each, every stage's blocks split over 8 GPUs and sharded over its 16 (128) copies. The first
+    rank (the embedding), the first of the second pipeline rank and the last (the final norm and head) hold their
+    blocks' shards to the byte; plan sizes each rank and shows the one that holds the most (here the last), which
+    bounds them all."""
+    tensor_parallel, pipeline_parallel = 8, 4
+    world_size = nodes * 8
+    data_parallel = world_size // (tensor_parallel * pipeline_parallel)
+    ranks = [0, world_size // pipeline_parallel, world_size - 1]
     result = run_cli(
-        "rehearse", "llama-70b-pp-fsdp2-tp-multinode", "--num_nodes", "64", "--ranks", "0,128,-1", "--json"
-    )
+        "rehearse", "llama-70b-pp-fsdp2-tp-multinode", "--num_nodes", str(nodes), "--ranks", f"0,{ranks[1]},-1", "--json"
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     rehearsal = json.loads(result.stdout)
-    assert rehearsal["world_size"] == 512 and [rank["rank"] for rank in rehearsal["ranks"]] == ranks
+    assert rehearsal["world_size"] == world_size and [rank["rank"] for rank in rehearsal["ranks"]] == ranks
     width, kv_width, hidden, vocab, layers = 8192, 1024, 28672, 128256, 80
     block = (
         2 * width * width + 2 * width * kv_width + 3 * width * hidden
