@@ -125,8 +125,9 @@ def assert_slurm_writers_only_if_chosen(project: Path, include_slurm: bool) -> N
         assert not naming, naming
 
 
-# Whose quick tests CI runs: the other loggers, each task, SLURM on and off (the default answers' projects run
-# theirs in test_generated_project.py); the other combinations' quick tests under `scripts/test.sh --full`.
+# Whose quick tests CI runs: the other loggers, each task, SLURM on and off (the default answers' language-model
+# project runs its own in test_generated_project.py, the image classifier's its task's only: the machinery's run on
+# the image bake here); the other combinations' quick tests under `scripts/test.sh --full`.
 QUICK_IN_CI = {("tensorboard", "no", "image_classification"), ("csv", "yes", "language_model")}
 # What an answer changes is the machinery's (the default logger, the SLURM modules): in CI these bakes run the
 # machinery's quick tests, which train the toy task; a task's own tests do not depend on the answers and run in the
