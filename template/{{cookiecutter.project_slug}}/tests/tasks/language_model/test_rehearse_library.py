@@ -101,8 +101,9 @@ def test_a_pipelines_last_stage_keeps_its_output_for_its_backward_as_plan_counts
     in fp32 as without a pipeline: 263.9 MiB, plan 272.3 (given bf16 logits the loss ran in bf16: 0.62 of plan)."""
     layout = ["--model.vocab_size", "32768", "--model.n_embd", "64", "--model.n_head", "2", "--model.n_layer", "4",
               "--model.block_size", "512", "--train.micro_batch_size", "4", "--precision", precision]  # fmt: skip
-    (last,) = rehearsed("cpu-pp-debug", [1], *layout)["ranks"]
-    assert last["peak_bytes"] == pytest.approx(last["plan"]["peak_bytes"], rel=PEAK_WITHIN)
+    # Both ranks in fp32 (rank 0: 55.4 MiB, plan 51.0); in bf16-mixed plan is above rank 0's 44.8 MiB (50.8: 0.88)
+    for rank in rehearsed("cpu-pp-debug", [0, 1] if precision == "32-true" else [1], *layout)["ranks"]:
+        assert rank["peak_bytes"] == pytest.approx(rank["plan"]["peak_bytes"], rel=PEAK_WITHIN), rank["rank"]
 
 
 @pytest.mark.slow
@@ -179,12 +180,8 @@ def test_the_70b_pipelines_ranks_hold_their_blocks_shards_within_plans_largest_s
     world_size = nodes * 8
     data_parallel = world_size // (tensor_parallel * pipeline_parallel)
     ranks = [0, world_size // pipeline_parallel, world_size - 1]
-    result = run_cli(
-        "rehearse", "llama-70b-pp-fsdp2-tp-multinode", "--num_nodes", str(nodes), "--ranks", f"0,{ranks[1]},-1", "--json"
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    rehearsal = json.loads(result.stdout)
-    assert rehearsal["world_size"] == world_size and [rank["rank"] for rank in rehearsal["ranks"]] == ranks
+    rehearsal = rehearsed("llama-70b-pp-fsdp2-tp-multinode", ranks, "--num_nodes", str(nodes))
+    assert rehearsal["world_size"] == world_size
     width, kv_width, hidden, vocab, layers = 8192, 1024, 28672, 128256, 80
     block = (
         2 * width * width + 2 * width * kv_width + 3 * width * hidden
