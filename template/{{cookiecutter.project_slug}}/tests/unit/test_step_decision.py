@@ -27,6 +27,7 @@ class OneProcess(SimpleNamespace):
 
     device = torch.device("cpu")
     global_rank = 0
+    world_size = 1
 
     def all_reduce(self, tensor: torch.Tensor, reduce_op: str) -> torch.Tensor:
         return tensor

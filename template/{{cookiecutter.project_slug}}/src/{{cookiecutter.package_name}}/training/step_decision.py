@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import cast
 
 import torch
 from lightning.fabric import Fabric
@@ -52,7 +51,9 @@ def decide(
     """
     flags = torch.tensor([0.0, float(stop_signal), float(save_due)], device=fabric.device)
     flags[0] = (~torch.isfinite(loss)).any().float()
-    nonfinite, signal, due = cast(torch.Tensor, fabric.all_reduce(flags, reduce_op="max")).tolist()
+    if fabric.world_size > 1:  # torch's own: Fabric's all_reduce waits at a barrier first, a second collective
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    nonfinite, signal, due = flags.tolist()
     update = Update.APPLY
     if nonfinite > 0:
         update = Update.STOP if on_nonfinite_loss == "stop" else Update.SKIP
