@@ -66,12 +66,14 @@ def test_the_first_and_last_of_64_ranks_hold_the_shards_fully_shard_gives_them(r
 @pytest.mark.slow
 def test_one_step_issues_the_collectives_of_fully_shard_per_block_that_plan_counts(rehearsal: dict) -> None:
     """One micro-batch: each block gathered in forward and again in backward, the root once (kept for the step);
-    one reduce-scatter per block and the root; one all-reduce for the step decision."""
+    one reduce-scatter per block and the root; one all-reduce of the clip's gradient norm over the shards (DTensor's,
+    inside the norm's operators) and one for the step decision, without a barrier before it (Fabric's all_reduce
+    waits at one: a second collective every step)."""
     depth = MlpConfig().depth
-    assert rehearsal["plan"]["collectives"] == {"allgather": 2 * depth + 1, "reduce_scatter": depth + 1, "allreduce": 1}
+    assert rehearsal["plan"]["collectives"] == {"allgather": 2 * depth + 1, "reduce_scatter": depth + 1, "allreduce": 2}
     for rank in rehearsal["ranks"]:
         counts = rank["collectives"]
-        assert {name: counts[name] for name in rehearsal["plan"]["collectives"]} == rehearsal["plan"]["collectives"]
+        assert counts == rehearsal["plan"]["collectives"]  # every one the step issues, and no barrier
         assert rank["peak_bytes"] > rank["parameters_bytes"] + rank["gradients_bytes"] + rank["optimizer_bytes"]
 
 
@@ -107,7 +109,8 @@ def sends_per_piece(held: list[int], stages: int) -> int:
 def test_a_pipeline_stages_ranks_hold_its_blocks_shards_and_send_each_piece_once_per_boundary(toy_source: Path) -> None:
     """1F1B over 2 stages of 2 blocks on 64 ranks (32 data-parallel ranks a stage), each micro-batch in 4 pieces, 2
     micro-batches a step: the first rank of each stage and the last hold fully_shard's shards of their stage's
-    parameters, to the byte, and send one activation forward (stage 0) or one gradient back (stage 1) per piece."""
+    parameters, to the byte, and send one activation forward (stage 0) or one gradient back (stage 1) per piece; every
+    collective of the step is one plan counts for that rank."""
     layout = [*LAYOUT, "--model.depth", "4", *PIPELINE, "--strategy.fsdp2.pipeline_microbatches", str(PIECES)]
     result = run_cli(
         "rehearse", str(TOY_RECIPE), *layout, "--train.grad_accum_steps", str(ACCUMULATE), "--json", source=toy_source
@@ -128,6 +131,7 @@ def test_a_pipeline_stages_ranks_hold_its_blocks_shards_and_send_each_piece_once
         for direction in ("send", "recv"):
             assert rank["collectives"][direction] == PIECES * ACCUMULATE
             assert rank["collective_bytes"][direction] == PIECES * ACCUMULATE * piece_bytes
+        assert rank["collectives"] == rank["plan"]["collectives"], rank["rank"]  # the loss's, the norm's too
 
 
 @pytest.mark.slow
@@ -147,7 +151,8 @@ def test_every_schedule_rehearses_its_stages_and_sends_what_it_implies(
     toy_source: Path, schedule: str, per_rank: int
 ) -> None:
     """2 ranks of one stage each, or two (looped, or in a V): each rank holds its stages' blocks whole (no data
-    parallel) and sends per piece one activation or gradient for each boundary between its stages and another rank's."""
+    parallel) and sends per piece one activation or gradient for each boundary between its stages and another rank's:
+    the collectives plan counts for it (planner/collectives.py)."""
     stages, depth = 2 * per_rank, 4
     layout = [
         *PIPELINE, "--strategy.fsdp2.pipeline_schedule", schedule, "--strategy.fsdp2.pipeline_stages_per_rank",
@@ -162,6 +167,7 @@ def test_every_schedule_rehearses_its_stages_and_sends_what_it_implies(
         assert rank["parameters_bytes"] == 4 * elements
         for direction in ("send", "recv"):
             assert rank["collectives"][direction] == PIECES * sends_per_piece(held, stages), (schedule, rank["rank"])
+        assert rank["collectives"] == rank["plan"]["collectives"], (schedule, rank["rank"])
 
 
 @pytest.mark.slow
@@ -178,7 +184,9 @@ def test_hsdp_reduce_scatters_every_micro_batch_and_all_reduces_across_replicas_
     expected = {
         "allgather": accumulate * (2 * depth + 1),
         "reduce_scatter": accumulate * (depth + 1),
-        "allreduce": depth + 1 + 1,  # each block's and the root's shard across the replicas, and the step decision
+        # each block's and the root's shard across the replicas; the clip's norm over a replica's shards; the step
+        # decision
+        "allreduce": depth + 1 + 1 + 1,
     }
     assert counts == expected == rehearsal["plan"]["collectives"]
     # No unsharded gradient outlives its block's reduce-scatter: holding them all until the last micro-batch would

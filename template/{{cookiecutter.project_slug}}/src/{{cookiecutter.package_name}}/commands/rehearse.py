@@ -8,6 +8,7 @@ By default the ranks that differ are rehearsed: the first and the last, and the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -141,8 +142,7 @@ def planned(recipe: Recipe, device: Device, pipeline_rank: int | None = None) ->
     step (where plan's communication model counts them, with the step decision's all_reduce), or None without
     size formulas or a plan option for the recipe's layout; under a pipeline, of its worst rank or of the ranks of
     pipeline rank `pipeline_rank`."""
-    from ..planner.context import context_collectives, recipe_option
-    from ..planner.experts import expert_collectives, expert_units, replicated_expert_units
+    from ..planner.context import recipe_option
     from ..planner.hardware import INTERCONNECTS
     from ..planner.plan import Candidate, estimate, plan_inputs
     from ..precision import torch_model_states
@@ -160,22 +160,9 @@ def planned(recipe: Recipe, device: Device, pipeline_rank: int | None = None) ->
     states = torch_model_states(shares.parameters, recipe.precision, option.stage, shares.data_parallel, shares.trained)
     checkpointed = recipe.strategy.activation_checkpointing
     activations = result.activations.checkpointed_peak if checkpointed else result.activations.peak
-    micro_batches, apart = recipe.train.grad_accum_steps, expert_units(cost, option, shares.data_parallel)
-    collectives = strategy.plan_collectives(option, shares, cost.n_layer, micro_batches, apart)
-    if collectives is not None:
-        collectives = {name: count for name, count in collectives.items() if count}
-        config, plain = recipe.strategy, cost.tensor_parallel_all_reduces(False)
-        recomputed = -(-cost.n_layer // config.activation_checkpointing_every) if checkpointed else 0
-        collectives |= expert_collectives(cost, option, micro_batches, recomputed)  # all-to-alls: planner/experts.py
-        for name, count in context_collectives(cost, option, micro_batches).items():  # keys, values
-            collectives[name] = collectives.get(name, 0) + count
-        per_block = cost.tensor_parallel_all_reduces(True) - plain
-        tensor_parallel = (cost.n_layer * plain + recomputed * per_block) * micro_batches
-        # the step decision's one fused all_reduce, tensor parallel's, and hsdp's of experts held whole in a node
-        replicated = replicated_expert_units(cost, option, shares.data_parallel)
-        collectives["allreduce"] = (
-            collectives.get("allreduce", 0) + 1 + (tensor_parallel if option.tensor_parallel > 1 else 0) + replicated
-        )
+    collectives = step_collectives(
+        recipe, strategy, cost, option, shares, result.pipeline.rank if result.pipeline else 0
+    )
     # A count scaled by a float ratio (LoRA's adapters beside the model) carries float noise (4e-6 of a byte), which
     # rounding drops; an even share of the bytes may be a fraction of one (plan spreads them evenly).
     return {
@@ -185,6 +172,50 @@ def planned(recipe: Recipe, device: Device, pipeline_rank: int | None = None) ->
         "peak_bytes": states.total + result.runtime_extra + activations,
         "collectives": collectives,
     }
+
+
+def step_collectives(
+    recipe: Recipe, strategy: Any, cost: Any, option: Any, sizes: Any, pipeline_rank: int
+) -> dict[str, int] | None:
+    """The collectives plan's communication model counts for one step of a rank of pipeline rank `pipeline_rank`
+    (planner/collectives.py): the strategy's, the task's layers' (tensor parallel, experts, context) and the step
+    decision's all_reduce; None where the model gives no count (and under a pipeline for experts and context
+    parallel, whose exchanges it counts over the whole model)."""
+    from ..planner.collectives import rank_step
+    from ..planner.context import context_collectives
+    from ..planner.experts import (
+        expert_collectives,
+        expert_layers,
+        expert_units,
+        replicated_expert_units,
+        sharded_apart,
+    )
+
+    config, micro_batches = recipe.strategy, recipe.train.grad_accum_steps
+    pipelined, experts = option.pipeline_parallel > 1, expert_layers(cost) > 0 and sharded_apart(option)
+    if pipelined and (experts or option.context_parallel > 1):
+        return None
+    every = config.activation_checkpointing_every if config.activation_checkpointing else 0
+    pieces = strategy.options.pipeline_microbatches if pipelined else 1
+    step = rank_step(cost, option, micro_batches, pieces, pipeline_rank, recipe.train.grad_clip > 0, every)
+    apart = expert_units(cost, option, sizes.data_parallel)
+    step = dataclasses.replace(step, expert_units=apart, expert_mesh=experts)
+    collectives = strategy.plan_collectives(option, sizes, step)
+    if collectives is None:
+        return None
+    collectives = {name: count for name, count in collectives.items() if count}
+    collectives |= expert_collectives(cost, option, micro_batches, step.checkpointed)  # all-to-alls: planner/experts.py
+    for name, count in context_collectives(cost, option, micro_batches).items():  # keys, values
+        collectives[name] = collectives.get(name, 0) + count
+    plain = cost.tensor_parallel_all_reduces(False)
+    per_block = cost.tensor_parallel_all_reduces(True) - plain
+    tensor_parallel = (step.blocks * plain + step.checkpointed * per_block) * step.passes
+    # the step decision's one fused all_reduce, tensor parallel's, and hsdp's of experts held whole in a node
+    replicated = replicated_expert_units(cost, option, sizes.data_parallel)
+    collectives["allreduce"] = (
+        collectives.get("allreduce", 0) + 1 + (tensor_parallel if option.tensor_parallel > 1 else 0) + replicated
+    )
+    return collectives
 
 
 def render(recipe: Recipe, ranks: list[dict[str, Any]], plan: dict[str, Any] | None) -> str:
@@ -206,7 +237,7 @@ def render(recipe: Recipe, ranks: list[dict[str, Any]], plan: dict[str, Any] | N
             ratio = f"{measured / expected:.3f}" if expected else "-"
             planned_text = size(expected) if expected is not None else "-"
             lines.append(f"  {label:<10}{size(measured):>11}{planned_text:>11}{ratio:>8}")  # "1011.1 MiB" and a space
-        sent, counted = rank["collective_bytes"], (plan or {}).get("collectives") or {}
+        sent, counted = rank["collective_bytes"], (rank.get("plan") or plan or {}).get("collectives") or {}
         collectives = ", ".join(
             f"{count} {name} ({size(sent[name])}" + (f"; plan {counted[name]})" if name in counted else ")")
             for name, count in rank["collectives"].items()

@@ -60,3 +60,24 @@ class PlanTerm:
     label: str
     bytes: float
     with_optimizer: bool = False  # offloaded with the optimizer state when the option offloads
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """What one rank runs in one optimizer step, as far as its collectives go."""
+
+    blocks: int  # the blocks it holds: every block without a pipeline
+    micro_batches: int
+    expert_units: int = 0  # blocks whose experts the runtime shards as units of their own (planner/experts.py)
+    expert_mesh: bool = False  # the experts' gradients lie on a mesh of their own (fully_shard.py's shard_experts)
+    ends: int = 1  # modules outside the blocks holding parameters: the root; under a pipeline its stages' first/last
+    pieces: int = 1  # a pipeline's pieces per micro-batch
+    boundaries: int = 0  # stage boundaries between its stages and another rank's
+    zero_bubble: bool = False  # a schedule that keeps the blocks gathered until its last backward
+    clipped: bool = True  # the step clips the gradients' norm
+    checkpointed: int = 0  # blocks whose forward backward recomputes
+
+    @property
+    def passes(self) -> int:
+        """Pieces through the rank's blocks per step."""
+        return self.micro_batches * self.pieces

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..planner.options import PlanOption, PlanSizes, PlanTerm
+from ..planner.options import PlanOption, PlanSizes, PlanTerm, RankStep
 from ..recipe.schema import Recipe
 from ..tasks import Task, task_for
 from ..tasks.base import batch_loss, checked_model, update_metrics_of
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from lightning.fabric import Fabric
     from lightning.fabric.strategies import Strategy
     from torch import nn
+
 
 MakeOptimizer = Callable[["nn.Module"], "torch.optim.Optimizer"]
 
@@ -106,13 +107,11 @@ class TrainingStrategy:
         """What this runtime holds per device beyond the paper's model states (buffers, extra copies)."""
         return []
 
-    def plan_collectives(
-        self, option: PlanOption, sizes: PlanSizes, blocks: int, micro_batches: int, expert_units: int = 0
-    ) -> dict[str, int] | None:
-        """The data-parallel collectives of one optimizer step of `micro_batches` as plan's communication model
-        counts them, by name (`rehearse` counts the same names); None: the model gives no count. `sizes`: the
-        data-parallel ranks and the trained share (adapters in the blocks leave the modules outside them frozen);
-        `expert_units`: blocks whose experts expert parallel shards apart from the block (planner/experts.py)."""
+    def plan_collectives(self, option: PlanOption, sizes: PlanSizes, step: RankStep) -> dict[str, int] | None:
+        """The collectives of one rank's optimizer step (`step`) as plan's communication model counts them, by name
+        (planner/collectives.py; `rehearse` counts the same names), but for the step decision's and those of the
+        task's layers (tensor parallel, experts, context); None: the model gives no count. `sizes`: the
+        data-parallel ranks and the trained share (adapters in the blocks leave the modules outside them frozen)."""
         return None
 
     def plan_section(self, option: PlanOption, base: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
-from ..planner.options import PlanOption, PlanSizes, PlanTerm
+from ..planner.options import PlanOption, PlanSizes, PlanTerm, RankStep
 from ..precision import MIXED, torch_model_states
 from ..recipe.schema import Fsdp2Options
 from ..tasks.base import checked_model
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from lightning.fabric import Fabric
     from lightning.fabric.strategies import Strategy
     from torch import nn
+
 
 SHARDED_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-true")
 FLOAT8_CAPABILITY = (8, 9)  # Ada (L4, L40) and Hopper (H100, H200) and newer have float8 tensor cores
@@ -235,19 +236,10 @@ class FSDP2(TrainingStrategy):
             root,
         ]
 
-    def plan_collectives(
-        self, option: PlanOption, sizes: PlanSizes, blocks: int, micro_batches: int, expert_units: int = 0
-    ) -> dict[str, int] | None:
-        # Per micro-batch each block (and experts sharded apart from it) is gathered for forward and again for
-        # backward, the root (not resharded after forward) once, and every unit's gradient (a frozen root has none)
-        # is reduce-scattered into its shard; hsdp all-reduces the shards across its replicas once per step.
-        if option.pipeline_parallel > 1:
-            return None
-        sharded = sizes.data_parallel > 1  # over one rank (tensor parallel on every device) only experts apart move
-        units = (blocks if sharded else 0) + expert_units
-        reduced, gathered = units + int(sharded and sizes.trained == 1.0), 2 * units + int(sharded)
-        counts = {"allgather": gathered * micro_batches, "reduce_scatter": reduced * micro_batches}
-        return counts | ({"allreduce": reduced} if option.hybrid else {})
+    def plan_collectives(self, option: PlanOption, sizes: PlanSizes, step: RankStep) -> dict[str, int] | None:
+        from ..planner.collectives import sharded_collectives
+
+        return sharded_collectives(option, sizes, step)
 
     def plan_section(self, option: PlanOption, base: dict[str, Any]) -> dict[str, Any]:
         section: dict[str, Any] = {"tensor_parallel_size": option.tensor_parallel, "float8": False}

@@ -27,6 +27,7 @@ from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -60,6 +61,10 @@ class Collectives(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if (device := answered_device(func, args)) is not None:
             return device
+        if any(issubclass(kind, DTensor) for kind in types):
+            # DTensor's own operator runs first and redistributes (the clip's partial norm all-reduced): those
+            # collectives reach this mode only if it declines the DTensor operator, as torch's CommDebugMode does
+            return NotImplemented
         out = func(*args, **(kwargs or {}))
         if func.namespace in COLLECTIVE_NAMESPACES and not func.__name__.startswith("wait"):
             name = func.__name__.split(".")[0].strip("_").removesuffix("_").removesuffix("_base")
