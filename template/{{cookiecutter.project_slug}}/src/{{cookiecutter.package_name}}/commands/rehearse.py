@@ -179,8 +179,8 @@ def step_collectives(
 ) -> dict[str, int] | None:
     """The collectives plan's communication model counts for one step of a rank of pipeline rank `pipeline_rank`
     (planner/collectives.py): the strategy's, the task's layers' (tensor parallel, experts, context) and the step
-    decision's all_reduce; None where the model gives no count (and under a pipeline for experts and context
-    parallel, whose exchanges it counts over the whole model)."""
+    decision's all_reduce; None where the model gives no count (under a pipeline, for a mixture of experts whose
+    every block does not hold experts: which stage holds them is not modelled)."""
     from ..planner.collectives import rank_step
     from ..planner.context import context_collectives
     from ..planner.experts import (
@@ -193,25 +193,28 @@ def step_collectives(
 
     config, micro_batches = recipe.strategy, recipe.train.grad_accum_steps
     pipelined, experts = option.pipeline_parallel > 1, expert_layers(cost) > 0 and sharded_apart(option)
-    if pipelined and (experts or option.context_parallel > 1):
+    if pipelined and experts and expert_layers(cost) != cost.n_layer:
         return None
     every = config.activation_checkpointing_every if config.activation_checkpointing else 0
     pieces = strategy.options.pipeline_microbatches if pipelined else 1
     step = rank_step(cost, option, micro_batches, pieces, pipeline_rank, recipe.train.grad_clip > 0, every)
-    apart = expert_units(cost, option, sizes.data_parallel)
+    # Counted over the whole model, or under a pipeline over the rank's stages (every block a mixture of experts)
+    share = (lambda layers: layers * step.blocks // cost.n_layer) if pipelined else (lambda layers: layers)
+    apart = share(expert_units(cost, option, sizes.data_parallel))
     step = dataclasses.replace(step, expert_units=apart, expert_mesh=experts)
     collectives = strategy.plan_collectives(option, sizes, step)
     if collectives is None:
         return None
     collectives = {name: count for name, count in collectives.items() if count}
-    collectives |= expert_collectives(cost, option, micro_batches, step.checkpointed)  # all-to-alls: planner/experts.py
-    for name, count in context_collectives(cost, option, micro_batches).items():  # keys, values
+    layers = share(expert_layers(cost))  # all-to-alls: planner/experts.py
+    collectives |= expert_collectives(cost, option, step.passes, step.checkpointed, layers)
+    for name, count in context_collectives(cost, option, step.passes, step.blocks).items():  # keys, values
         collectives[name] = collectives.get(name, 0) + count
     plain = cost.tensor_parallel_all_reduces(False)
     per_block = cost.tensor_parallel_all_reduces(True) - plain
     tensor_parallel = (step.blocks * plain + step.checkpointed * per_block) * step.passes
     # the step decision's one fused all_reduce, tensor parallel's, and hsdp's of experts held whole in a node
-    replicated = replicated_expert_units(cost, option, sizes.data_parallel)
+    replicated = share(replicated_expert_units(cost, option, sizes.data_parallel))
     collectives["allreduce"] = (
         collectives.get("allreduce", 0) + 1 + (tensor_parallel if option.tensor_parallel > 1 else 0) + replicated
     )

@@ -215,17 +215,20 @@ def describe(inputs: Inputs, option: PlanOption, micro_batch: int) -> str | None
     )
 
 
-def context_collectives(cost: ModelCost, option: PlanOption, micro_batches: int) -> dict[str, int]:
+def context_collectives(
+    cost: ModelCost, option: PlanOption, micro_batches: int, layers: int | None = None
+) -> dict[str, int]:
     """The gathers of one optimizer step by the names `rehearse` counts: per layer and micro-batch an `allgather` of
     the keys and one of the values, both again when backward recomputes the attention (or its checkpointed block),
     and in backward a `reduce_scatter` of each one's gradient; with example ids, one `allgather` of them per
-    micro-batch (for the mask; a few bytes a token, left out of the communication time)."""
+    micro-batch (for the mask; a few bytes a token, left out of the communication time). Under a pipeline: per
+    piece, over `layers`, its stages' blocks."""
     if option.context_parallel == 1:
         return {}
-    documents = int(isinstance(cost, SequenceCost) and cost.document_ids)
+    documents, layers = int(isinstance(cost, SequenceCost) and cost.document_ids), layers or cost.n_layer
     return {
-        "allgather": (GATHERS_PER_LAYER * cost.n_layer + documents) * micro_batches,
-        "reduce_scatter": REDUCE_SCATTERS_PER_LAYER * cost.n_layer * micro_batches,
+        "allgather": (GATHERS_PER_LAYER * layers + documents) * micro_batches,
+        "reduce_scatter": REDUCE_SCATTERS_PER_LAYER * layers * micro_batches,
     }
 
 

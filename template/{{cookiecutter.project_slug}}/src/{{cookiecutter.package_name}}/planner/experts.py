@@ -132,15 +132,17 @@ def spans_nodes(option: PlanOption, devices: int) -> bool:
 
 
 def expert_collectives(
-    cost: ModelCost, option: PlanOption, micro_batches: int, checkpointed_layers: int
+    cost: ModelCost, option: PlanOption, micro_batches: int, checkpointed_layers: int, layers: int | None = None
 ) -> dict[str, int]:
     """The exchanges of one optimizer step by the names `rehearse` counts: `alltoall` the counts, `all_to_all_single`
-    the rows (with autograd), per layer and micro-batch; `checkpointed_layers` recompute their forward."""
+    the rows (with autograd), per layer and micro-batch (under a pipeline: per piece, `layers` its stages' of them);
+    `checkpointed_layers` recompute their forward."""
     sizes = expert_sizes(cost)
     if sizes is None or option.expert_parallel == 1:
         return {}
-    forwards = (sizes.layers + checkpointed_layers) * micro_batches
-    return {"alltoall": forwards, "all_to_all_single": 2 * forwards + 2 * sizes.layers * micro_batches}
+    layers = sizes.layers if layers is None else layers
+    forwards = (layers + checkpointed_layers) * micro_batches
+    return {"alltoall": forwards, "all_to_all_single": 2 * forwards + 2 * layers * micro_batches}
 
 
 def expert_units(cost: ModelCost, option: PlanOption, data_parallel: int) -> int:

@@ -59,7 +59,8 @@ def test_context_parallel_under_a_pipeline_rehearses_within_each_pipeline_ranks_
     """The same at pp=2 x cp=4: each stage's ranks hold their blocks' states as plan sizes that rank, to the byte; the
     first rank peaks within 10% of its figure and the last below its (plan bounds the last stage's logits by a whole
     piece's, as for any 1F1B pipeline: docs/strategies.md); the stages exchange a rank's 1/4 of each piece. Without
-    the recipe's document mask: a pipeline passes no example ids between its stages yet."""
+    the recipe's document mask: a pipeline passes no example ids between its stages yet. Every collective is one plan
+    counts for the rank."""
     layout = ["--strategy.fsdp2.pipeline_parallel_size", "2", "--strategy.fsdp2.pipeline_microbatches", "2",
               "--train.micro_batch_size", "2", "--train.grad_accum_steps", "8",
               "--data.document_mask", "false"]  # fmt: skip
@@ -73,13 +74,15 @@ def test_context_parallel_under_a_pipeline_rehearses_within_each_pipeline_ranks_
     piece = 1 * 65536 // 4 * 4096 * 2  # one sample's quarter of the sequence, its hidden states in bf16
     assert first["collective_bytes"]["send"] == first["collectives"]["send"] * piece
     assert first["collectives"]["send"] == 8 * 2  # every piece of every micro-batch, forward
+    for rank in (first, last):  # the keys' and values' gathers per piece over the rank's blocks among them
+        assert rank["collectives"] == rank["plan"]["collectives"], rank["rank"]
 
 
 @pytest.mark.slow
 def test_experts_under_a_pipeline_rehearse_within_each_pipeline_ranks_plan() -> None:
     """The 30B-A3B recipe (ep=8 in each node) in 2 pipeline stages: each rank holds its stage's blocks and its group's
     experts as plan sizes them, to the byte; the first rank peaks within 10% of its figure (plan gathered every
-    expert of the stage's blocks: 3.5x), the last below its (the 1F1B logits bound)."""
+    expert of the stage's blocks: 3.5x), the last below its (the 1F1B logits bound); their collectives are plan's."""
     layout = ["--strategy.fsdp2.pipeline_parallel_size", "2", "--strategy.fsdp2.pipeline_microbatches", "2"]
     first, last = rehearsed("moe-30b-a3b-fsdp2-ep-multinode", [0, 31], *layout)["ranks"]
     assert (first["mesh"]["pipeline"], last["mesh"]["pipeline"]) == (0, 1)
@@ -89,6 +92,8 @@ def test_experts_under_a_pipeline_rehearse_within_each_pipeline_ranks_plan() -> 
     assert first["peak_bytes"] == pytest.approx(first["plan"]["peak_bytes"], rel=PEAK_WITHIN)
     assert last["peak_bytes"] <= last["plan"]["peak_bytes"]
     assert first["collectives"]["all_to_all_single"] > 0  # the experts' exchanges, in the pipeline's stage
+    for rank in (first, last):  # per piece over the rank's blocks, as plan counts them
+        assert rank["collectives"] == rank["plan"]["collectives"], rank["rank"]
 
 
 @pytest.mark.slow
