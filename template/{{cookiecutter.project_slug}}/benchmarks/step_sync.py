@@ -96,7 +96,7 @@ def main() -> None:
         "2 all_reduces (loss; signal)": lambda: per_decision(time_based_save=False),
         "2 all_reduces + broadcast(bool)": lambda: per_decision(time_based_save=True),
         "1 fused all_reduce (decide)": fused,
-        "1 fused, behind a barrier (Fabric's)": fused_behind_a_barrier,
+        "1 fused + barrier (Fabric's)": fused_behind_a_barrier,
     }
     for step in variants.values():  # warm up each
         for _ in range(3):

@@ -86,7 +86,7 @@ def test_step_sync_benchmark_compares_the_fused_all_reduce_with_one_collective_p
         "2 all_reduces (loss; signal)",
         "2 all_reduces + broadcast(bool)",
         "1 fused all_reduce (decide)",
-        "1 fused, behind a barrier (Fabric's)",
+        "1 fused + barrier (Fabric's)",
     ], out
     assert float(rows[0][2]) == 1.0 and all(float(ms) > 0 for _, ms, _ in rows)
 
