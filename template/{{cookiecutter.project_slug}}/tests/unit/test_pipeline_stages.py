@@ -72,6 +72,7 @@ IN_2_ROUNDS = "in 2 rounds of pipeline_parallel_size=2, which must divide them (
     ("overrides", "field"),
     [
         (["--strategy.fsdp2.pipeline_microbatches", "3"], "pipeline_microbatches=3 must divide"),
+        (["--strategy.fsdp2.pipeline_microbatches", "1"], "pipeline_schedule=1F1B feeds at least pipeline_parallel"),
         (["--strategy.fsdp2.pipeline_split", "[1,1]"], "pipeline_split=[1, 1] must give each of the 2 stages"),
         (["--strategy.fsdp2.pipeline_schedule", "Interleaved1F1B"], "pipeline_stages_per_rank=1"),
         (["--strategy.fsdp2.pipeline_schedule", "ZBVZeroBubble"], "pipeline_schedule=ZBVZeroBubble holds 2 per rank"),

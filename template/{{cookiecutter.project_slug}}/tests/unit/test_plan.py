@@ -124,13 +124,15 @@ def test_a_pipeline_candidate_matches_a_hand_computation(capsys: pytest.CaptureF
         "worst_rank": 0,
         "p2p_elements_per_micro_batch": 2 * 8 * width,  # forward activations and backward gradients, b h
     }
-    # Until the step's last piece the stage holds its 20 blocks and its end gathered (bf16) and their gradients
-    # (fp32; the end's beside each piece's bf16 one).
+    # Until the step's last piece the stage holds its 20 blocks and its end gathered (bf16; the end whole beside its
+    # shard) and their gradients (fp32; the end's beside each piece's bf16 one); with one micro-batch a step no
+    # gradient shard (fp32, fully_shard's) exists until the schedule has run.
     assert option["runtime_extra_terms"] == {
         "the stage's blocks, gathered until the step's last backward": 2 * 20 * block,
         "their unsharded gradients, summed over the pieces": 4 * 20 * block,
-        "root (embeddings, head) gathered for the step": 2 * outside / 2,
-        "the root's unsharded gradients": (2 + 4) * outside,
+        "root (embeddings, head) gathered for the step": 2 * outside,
+        "the root's gradients: their fp32 sum, a piece's own": (2 + 4) * outside,
+        "gradient shards, made after the schedule": -4 * stage / 2,
     }
     zbv = next(option for option in plan["options"] if option["strategy"] == "fsdp2_pp4_tp8_zbv")
     assert zbv["pipeline"] == {

@@ -45,6 +45,7 @@ class PlanSizes:
     data_parallel: int  # ranks the model states are sharded over
     trained: float = 1.0  # the share of the parameters that train (adapters: a small one), the rest frozen
     apart: float = 0.0  # of one layer, what the rank never gathers (other groups' experts): layer + apart is all of it
+    micro_batches: int = 1  # per optimizer step
 
     @property
     def gathered_blocks(self) -> float:

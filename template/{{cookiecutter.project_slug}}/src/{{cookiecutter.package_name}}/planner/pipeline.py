@@ -205,6 +205,18 @@ class SplitSequence:
         )
 
 
+def layout_problem(option: Any, inputs: Any, micro_batch: int) -> str | None:
+    """Why a pipeline option cannot run on `inputs`' ranks (the recipe checks would refuse it), or None; each piece
+    one sample of the micro batch."""
+    pp, t = option.pipeline_parallel, option.tensor_parallel
+    stages = pp * option.pipeline_stages_per_rank
+    if inputs.world_size % (pp * t) or inputs.cost.n_layer < stages:
+        return f"{pp} pipeline stages x tensor parallel {t} must divide {inputs.world_size} ranks, {stages} <= n_layer"
+    if option.pipeline_schedule == "1F1B" and pp > micro_batch:  # torch's Schedule1F1B: at least a piece a stage
+        return f"1F1B feeds at least {pp} pieces (one sample each): micro batch {micro_batch} gives {micro_batch}"
+    return None
+
+
 def worst_rank(estimate_on: Callable[[int, bool], Any], size: int) -> Any:
     """The estimate of the pipeline rank that holds the most, `estimate_on(rank, checkpointed)` giving each: every
     rank checkpointed if one must be, as the recipe's one `activation_checkpointing` flag has them all."""

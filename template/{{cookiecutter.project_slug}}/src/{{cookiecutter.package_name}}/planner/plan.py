@@ -38,7 +38,7 @@ from . import context, experts
 from .hardware import NVME_GB_S, PCIE_GB_S
 from .inputs import Candidate, Device, Inputs
 from .options import PlanSizes
-from .pipeline import PipelineTerms, pipeline_terms, worst_rank
+from .pipeline import PipelineTerms, layout_problem, pipeline_terms, worst_rank
 from .units import GB, size
 
 
@@ -129,7 +129,7 @@ def plan_inputs(
     )
 
 
-def unavailable(candidate: Candidate, inputs: Inputs) -> str | None:
+def unavailable(candidate: Candidate, inputs: Inputs, micro_batch: int) -> str | None:
     """Why a candidate cannot run the layout (the recipe checks would refuse it), or None."""
     option, t = candidate.option, candidate.tensor_parallel
     if inputs.cpu and not option.runs_on_cpu:
@@ -139,9 +139,8 @@ def unavailable(candidate: Candidate, inputs: Inputs) -> str | None:
     problem = inputs.cost.tensor_parallel_problem(t) if t > 1 else None  # what of the model it fails to divide
     if t > 1 and (inputs.devices % t or problem):
         return f"tensor parallel {t} must divide devices={inputs.devices}" + (f" and {problem}" if problem else "")
-    stages, pp = option.pipeline_parallel * option.pipeline_stages_per_rank, option.pipeline_parallel
-    if pp > 1 and (inputs.world_size % (pp * t) or inputs.cost.n_layer < stages):
-        return f"{pp} pipeline stages x tensor parallel {t} must divide {inputs.world_size} ranks, {stages} <= n_layer"
+    if option.pipeline_parallel > 1 and (problem := layout_problem(option, inputs, micro_batch)):
+        return problem
     refused = inputs.refused or {}
     name = context.base_name(option)  # a degree is refused where its option is
     return refused.get(name) or refused.get(name.removesuffix(f"_ep{option.expert_parallel}"))
@@ -172,7 +171,7 @@ def estimate(
         local = pipeline.layers * layer + (root := pipeline.ends * scale)  # its blocks and its end, if any
     paper = zero_model_states(local, precision, option.stage, data_parallel, inputs.trained)
     apart = experts.not_gathered(cost, option, data_parallel) * scale  # expert parallel: experts a rank never gathers
-    sizes = PlanSizes(local, layer - apart, root, precision, data_parallel, inputs.trained, apart)
+    sizes = PlanSizes(local, layer - apart, root, precision, data_parallel, inputs.trained, apart, inputs.grad_accum)
     extra = candidate.strategy.plan_runtime_terms(option, sizes)
     offloaded = 0.0
     if option.offload != "none":  # the states (and what lives with the optimizer) leave the GPU, per node
@@ -184,7 +183,7 @@ def estimate(
     base = paper.total + sum(value for _, value in terms)
     checkpointing = checkpointed or base + acts.peak > inputs.budget
     total = base + (acts.checkpointed_peak if checkpointing else acts.peak)
-    why_not = unavailable(candidate, inputs)
+    why_not = unavailable(candidate, inputs, micro_batch)
     fits = why_not is None and total <= inputs.budget
     if option.offload == "cpu" and inputs.host_memory_bytes is not None:
         fits = fits and offloaded <= inputs.host_memory_bytes

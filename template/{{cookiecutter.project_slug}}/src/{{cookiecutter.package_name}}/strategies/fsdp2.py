@@ -215,21 +215,26 @@ class FSDP2(TrainingStrategy):
         sixteen_bit = sizes.precision in MIXED
         weight = 2 if sixteen_bit else torch_model_states(1, sizes.precision, 0, 1).parameters
         gradient = 2 + 4 if sixteen_bit else weight
-        root = PlanTerm(
-            "root (embeddings, head) gathered for the step", weight * sizes.root * (1 - 1 / sizes.data_parallel)
-        )
         if option.pipeline_parallel > 1:
             # torch's pipeline stages keep each block gathered after its backward and accumulate its gradient
             # unsharded (in fp32 under bf16-mixed, fully_shard's reduce dtype) until the step's last piece, when the
-            # schedule reduces them: at the peak the stage holds all of its blocks so, and its root's gradient too
-            # beside each piece's own (rehearsed: Llama-70B's embedding, 5.9 GiB on the first stage); experts: its own.
-            blocks, summed = sizes.gathered_blocks, 4 if sixteen_bit else weight
-            return [
+            # schedule reduces them: at the peak the stage holds all of its blocks so, and its root's fp32 sum beside
+            # each piece's own gradient (rehearsed: Llama-70B's embedding, 5.9 GiB on the first stage) and its gathered
+            # copy, whole beside its shard at any degree. With one micro-batch a step no gradient shard exists yet.
+            blocks, summed, ends = sizes.gathered_blocks, 4 if sixteen_bit else weight, sizes.root
+            shards = torch_model_states(sizes.parameters, sizes.precision, 3, sizes.data_parallel, sizes.trained)
+            terms = [
                 PlanTerm("the stage's blocks, gathered until the step's last backward", weight * blocks),
                 PlanTerm("their unsharded gradients, summed over the pieces", summed * blocks * sizes.trained),
-                root,
-                PlanTerm("the root's unsharded gradients", gradient * sizes.root * sizes.trained),
+                PlanTerm("root (embeddings, head) gathered for the step", weight * ends),
+                PlanTerm("the root's gradients: their fp32 sum, a piece's own", (4 + weight) * ends * sizes.trained),
             ]
+            if sizes.micro_batches == 1:  # the schedule reduce-scatters them after its last backward
+                terms.append(PlanTerm("gradient shards, made after the schedule", -shards.gradients))
+            return terms
+        root = PlanTerm(
+            "root (embeddings, head) gathered for the step", weight * sizes.root * (1 - 1 / sizes.data_parallel)
+        )
         return [
             PlanTerm("gathered layer, current and prefetched", 2 * weight * sizes.layer),
             PlanTerm("its unsharded gradient", gradient * sizes.layer * sizes.trained),

@@ -58,21 +58,28 @@ def test_70b_on_8_nodes_of_8_x_80_gb_gets_a_sharded_strategy(capsys: pytest.Capt
 def test_over_slow_links_between_nodes_a_pipeline_keeps_its_gathers_in_a_node_and_is_chosen(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """fsdp2_pp8 on 8 nodes: each stage's 8 ranks are one node, so only activations cross the slow links. A stage
-    holds its 10 blocks gathered and their fp32 gradients until the step's last piece: without activation
-    checkpointing that fits only split over 8 GPUs (fsdp2_pp8_tp8), which is chosen."""
+    """8 pipeline stages on 8 nodes: each stage's 8 ranks are one node, so only activations cross the slow links. At
+    micro batch 1 (one piece) 1F1B cannot run 8 stages (torch's schedule takes at least a piece a stage) and ZB-V can:
+    fsdp2_pp8_tp8_zbv, whose stage holds its blocks gathered and their fp32 gradients until the step's last piece and
+    fits without activation checkpointing split over 8 GPUs, is chosen."""
     args = ("--parameters", "70e9", "--gpu", "H100", "--num_nodes", "8", "--interconnect")
     fast, slow = plan_json(capsys, *args, "infiniband"), plan_json(capsys, *args, "ethernet")
     steps = {name: {o["strategy"]: o["step_time_lower_bound_s"] for o in plan["options"]}
              for name, plan in [("ib", fast), ("eth", slow)]}  # fmt: skip
     assert steps["eth"]["fsdp2"] / steps["ib"]["fsdp2"] == pytest.approx(400 / 12.5)  # its gathers cross the nodes
-    assert steps["eth"]["fsdp2_pp8"] == pytest.approx(steps["ib"]["fsdp2_pp8"])  # its gathers stay in a node
+    assert steps["eth"]["fsdp2_pp8_tp8_zbv"] == pytest.approx(steps["ib"]["fsdp2_pp8_tp8_zbv"])  # they stay in a node
     assert fast["recommended"]["strategy"] == "fsdp2"  # less than twice as quick: the cheapest stays
-    assert 2 * steps["ib"]["fsdp2_pp8"] > steps["ib"]["fsdp2"]
+    assert 2 * steps["ib"]["fsdp2_pp8_tp8_zbv"] > steps["ib"]["fsdp2"]
     options = {option["strategy"]: option for option in slow["options"]}
-    assert options["fsdp2_pp8"]["activation_checkpointing"] and not options["fsdp2_pp8_tp8"]["activation_checkpointing"]
-    assert slow["recommended"]["strategy"] == "fsdp2_pp8_tp8"
-    assert "bound at 7.70 s against 358.40 s for fsdp2, the cheapest that fits" in slow["recommended"]["reason"]
+    for one_f_one_b in ("fsdp2_pp8", "fsdp2_pp8_tp8"):
+        assert (
+            options[one_f_one_b]["unavailable_reason"]
+            == "1F1B feeds at least 8 pieces (one sample each): micro batch 1 gives 1"
+        )
+    assert options["fsdp2_pp8_zbv"]["activation_checkpointing"]
+    assert not options["fsdp2_pp8_tp8_zbv"]["activation_checkpointing"] and options["fsdp2_pp8_tp8_zbv"]["fits"]
+    assert slow["recommended"]["strategy"] == "fsdp2_pp8_tp8_zbv"
+    assert "bound at 13.99 s against 358.40 s for fsdp2, the cheapest that fits" in slow["recommended"]["reason"]
 
 
 def test_70b_on_one_node_of_8_x_24_gb_gets_offload(capsys: pytest.CaptureFixture[str]) -> None:
@@ -122,13 +129,14 @@ def test_the_70b_recipes_pipeline_candidate_matches_a_hand_computation(capsys: p
         "worst_rank": 3,
         "p2p_elements_per_micro_batch": 2 * 8192 * 8 * width,  # forward activations and backward gradients, s b h
     }
-    # Until the step's last piece the stage holds its 19 blocks and the head gathered (bf16) and their gradients
-    # (fp32; the head's beside each piece's bf16 one).
+    # Until the step's last piece the stage holds its 19 blocks and the head gathered (bf16; the head whole beside its
+    # shard) and their gradients (fp32; the head's beside each piece's bf16 one); the gradient shards of the step's
+    # earlier micro-batches too (8 a step).
     assert option["runtime_extra_terms"] == {
         "the stage's blocks, gathered until the step's last backward": 2 * 19 * block,
         "their unsharded gradients, summed over the pieces": 4 * 19 * block,
-        "root (embeddings, head) gathered for the step": 2 * outside / 2,
-        "the root's unsharded gradients": (2 + 4) * outside,
+        "root (embeddings, head) gathered for the step": 2 * outside,
+        "the root's gradients: their fp32 sum, a piece's own": (2 + 4) * outside,
     }
     zbv = next(option for option in plan["options"] if option["strategy"] == "fsdp2_pp4_tp8_zbv")
     assert zbv["pipeline"] == {
