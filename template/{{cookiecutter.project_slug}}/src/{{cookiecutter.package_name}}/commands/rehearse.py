@@ -198,8 +198,10 @@ def step_collectives(
     every = config.activation_checkpointing_every if config.activation_checkpointing else 0
     pieces = strategy.options.pipeline_microbatches if pipelined else 1
     step = rank_step(cost, option, micro_batches, pieces, pipeline_rank, recipe.train.grad_clip > 0, every)
-    # Counted over the whole model, or under a pipeline over the rank's stages (every block a mixture of experts)
-    share = (lambda layers: layers * step.blocks // cost.n_layer) if pipelined else (lambda layers: layers)
+
+    def share(layers: int) -> int:  # the model's, or under a pipeline the rank's (every block a mixture of experts)
+        return layers * step.blocks // cost.n_layer if pipelined else layers
+
     apart = share(expert_units(cost, option, sizes.data_parallel))
     step = dataclasses.replace(step, expert_units=apart, expert_mesh=experts)
     collectives = strategy.plan_collectives(option, sizes, step)

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from lightning.fabric.strategies import Strategy
     from torch import nn
 
-
 MakeOptimizer = Callable[["nn.Module"], "torch.optim.Optimizer"]
 
 

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from lightning.fabric.strategies import Strategy
     from torch import nn
 
-
 SHARDED_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-true")
 FLOAT8_CAPABILITY = (8, 9)  # Ada (L4, L40) and Hopper (H100, H200) and newer have float8 tensor cores
 # Under bf16-mixed fully_shard's MixedPrecisionPolicy (fully_shard.mixed_precision_policy) makes the module
@@ -222,7 +221,6 @@ class FSDP2(TrainingStrategy):
             # each piece's own gradient (rehearsed: Llama-70B's embedding, 5.9 GiB on the first stage) and its gathered
             # copy, whole beside its shard at any degree. With one micro-batch a step no gradient shard exists yet.
             blocks, summed, ends = sizes.gathered_blocks, 4 if sixteen_bit else weight, sizes.root
-            shards = torch_model_states(sizes.parameters, sizes.precision, 3, sizes.data_parallel, sizes.trained)
             terms = [
                 PlanTerm("the stage's blocks, gathered until the step's last backward", weight * blocks),
                 PlanTerm("their unsharded gradients, summed over the pieces", summed * blocks * sizes.trained),
@@ -230,6 +228,7 @@ class FSDP2(TrainingStrategy):
                 PlanTerm("the root's gradients: their fp32 sum, a piece's own", (4 + weight) * ends * sizes.trained),
             ]
             if sizes.micro_batches == 1:  # the schedule reduce-scatters them after its last backward
+                shards = torch_model_states(sizes.parameters, sizes.precision, 3, sizes.data_parallel, sizes.trained)
                 terms.append(PlanTerm("gradient shards, made after the schedule", -shards.gradients))
             return terms
         root = PlanTerm(

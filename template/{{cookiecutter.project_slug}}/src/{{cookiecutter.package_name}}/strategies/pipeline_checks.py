@@ -64,10 +64,11 @@ def check_pipeline(strategy: Any) -> None:
             f" (choose {divisors(micro_batch_size)})"
         )
     if schedule == "1F1B" and microbatches < size:  # torch's Schedule1F1B refuses fewer pieces than stages
+        allowed = [m for m in range(size, micro_batch_size + 1) if micro_batch_size % m == 0]
         raise RecipeError(
             f"{field}.pipeline_microbatches={microbatches}: pipeline_schedule=1F1B feeds at least"
-            f" pipeline_parallel_size={size} pieces (choose from {[m for m in range(size, micro_batch_size + 1) if micro_batch_size % m == 0]}"
-            f" with train.micro_batch_size={micro_batch_size}, a larger micro batch, or GPipe)"
+            f" pipeline_parallel_size={size} pieces (choose from {allowed} with train.micro_batch_size="
+            f"{micro_batch_size}, a larger micro batch, or GPipe)"
         )
     # The looped schedules feed the pieces in rounds of max(1, m // pp) (torch's rule): the rounds must divide m.
     rounds = max(1, microbatches // size)
